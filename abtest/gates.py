@@ -1,0 +1,133 @@
+"""Gate definitions: what a candidate must show before it may roll out.
+
+A `GateConfig` is loaded from a plain dict (the Hydra layer passes `OmegaConf.to_container(cfg.gate)`),
+and every metric it names is checked against the metric contract of DESIGN.md, so a typo in a gate
+fails when the config is loaded rather than as a gate that silently never measures anything.
+No torch, no I/O.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+
+def _metric_names() -> frozenset[str]:
+    names = {f"perf/{m}_ms_{s}" for m in ("ttft", "tpot", "itl", "e2e")
+             for s in ("mean", "p50", "p90", "p99", "p999")}
+    names |= {f"perf/{m}" for m in ("throughput_req_s", "throughput_out_tok_s", "goodput_req_s",
+                                     "peak_mem_gb", "kv_reserved_gb", "kv_used_gb", "kv_util",
+                                     "lateness_ms_p50", "lateness_ms_p99", "requests_ok",
+                                     "requests_failed", "makespan_s")}
+    names |= {"traffic/ks_input_len", "traffic/ks_output_len"}
+    names |= {f"quality/{m}_vs_ref" for m in ("bleu", "rouge1", "rouge2", "rougeL")}
+    names |= {f"quality/{m}_vs_control" for m in ("bleu", "rougeL", "exact_match")}
+    return frozenset(names)
+
+
+METRICS = _metric_names()
+# Families whose members are named per run (capacity/<slo>, stage/<stage>_ms_mean): any suffix is valid.
+METRIC_PREFIXES = ("capacity/", "stage/")
+# Higher is better for these; every other metric (latency, memory, lateness, failures, KS distance,
+# stage times) is better lower.
+_HIGHER_IS_BETTER = ("perf/throughput_", "perf/goodput_", "perf/kv_util", "perf/requests_ok",
+                     "quality/", "capacity/")
+
+
+def validate_metric(name: str) -> str:
+    """The name itself when it is a metric of the DESIGN.md contract; a ValueError listing them if not."""
+    if name in METRICS or (name.startswith(METRIC_PREFIXES) and len(name) > len(name.split("/")[0]) + 1):
+        return name
+    raise ValueError(f"unknown metric {name!r}; valid: {', '.join(sorted(METRICS))}, "
+                     f"and any {' or '.join(p + '*' for p in METRIC_PREFIXES)}")
+
+
+def higher_is_better(name: str) -> bool:
+    return validate_metric(name).startswith(_HIGHER_IS_BETTER)
+
+
+def _default_quality_margins() -> dict[str, float]:
+    # From the seed campaign: BLEU within 0.3% and ROUGE within 0.5% of the control's, relative.
+    return {"quality/bleu_vs_ref": 0.003, "quality/rouge1_vs_ref": 0.005,
+            "quality/rouge2_vs_ref": 0.005, "quality/rougeL_vs_ref": 0.005}
+
+
+@dataclass
+class GateConfig:
+    """The gates of one A/B. Relative numbers are fractions (0.10 = 10%).
+
+    quality_margins_rel: non-inferiority, candidate >= control * (1 - margin), per *_vs_ref metric.
+    min_exact_match_lossless: for a lossless candidate, the fraction of prompts whose output must
+        equal the control's (quality/exact_match_vs_control).
+    latency_gains: metric -> required relative improvement in its good direction (0.0: not worse;
+        negative: that much regression allowed). Applies to throughput too (higher is better there).
+    latency_max_regression: metric -> largest relative change in its bad direction that still passes.
+    memory_ceilings_gb: metric -> ceiling on the candidate's value, in GB.
+    min_pairs: fewer paired requests than this make a bootstrap gate inconclusive, because the
+        percentile bootstrap understates the spread of tiny samples.
+    """
+
+    quality_margins_rel: dict[str, float] = field(default_factory=_default_quality_margins)
+    min_exact_match_lossless: float = 0.99
+    latency_gains: dict[str, float] = field(default_factory=dict)
+    latency_max_regression: dict[str, float] = field(default_factory=lambda: {"perf/e2e_ms_p99": 0.10})
+    memory_ceilings_gb: dict[str, float] = field(default_factory=dict)
+    alpha: float = 0.05
+    n_boot: int = 2000
+    min_pairs: int = 10
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        for name, margin in self.quality_margins_rel.items():
+            if not validate_metric(name).startswith("quality/") or name.endswith("_vs_control"):
+                raise ValueError(
+                    f"gate.quality_margins_rel: {name!r} has no control value to be non-inferior to; "
+                    f"valid: {', '.join(sorted(m for m in METRICS if m.endswith('_vs_ref')))} "
+                    f"(agreement with the control is gate.min_exact_match_lossless)")
+            _check_range(f"gate.quality_margins_rel[{name!r}]", margin, 0.0, 1.0)
+        for attr in ("latency_gains", "latency_max_regression"):
+            for name, value in getattr(self, attr).items():
+                if validate_metric(name).startswith("quality/"):
+                    raise ValueError(f"gate.{attr}: {name!r} is a quality metric; "
+                                     f"put it in gate.quality_margins_rel")
+                # -1: anything goes; 10: an 11x throughput gain, beyond any real requirement
+                _check_range(f"gate.{attr}[{name!r}]", value, -1.0, 10.0)
+        for name, ceiling in self.memory_ceilings_gb.items():
+            if not validate_metric(name).endswith("_gb"):
+                raise ValueError(f"gate.memory_ceilings_gb: {name!r} is not a memory metric; valid: "
+                                 f"{', '.join(sorted(m for m in METRICS if m.endswith('_gb')))}")
+            if ceiling <= 0:
+                raise ValueError(f"gate.memory_ceilings_gb[{name!r}] must be > 0 GB, got {ceiling}")
+        _check_range("gate.min_exact_match_lossless", self.min_exact_match_lossless, 0.0, 1.0)
+        if not 0.0 < self.alpha < 1.0:
+            raise ValueError(f"gate.alpha must be in (0, 1), got {self.alpha}")
+        if self.n_boot < 1 or self.min_pairs < 1:
+            raise ValueError(f"gate.n_boot and gate.min_pairs must be >= 1, "
+                             f"got {self.n_boot} and {self.min_pairs}")
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any] | None) -> "GateConfig":
+        """From a plain dict (YAML or OmegaConf.to_container); missing keys keep their defaults."""
+        d = dict(d or {})
+        known = [f.name for f in fields(cls)]
+        unknown = sorted(set(d) - set(known))
+        if unknown:
+            raise ValueError(f"unknown gate key(s) {', '.join(map(repr, unknown))}; "
+                             f"valid: {', '.join(known)}")
+        for key in ("quality_margins_rel", "latency_gains", "latency_max_regression", "memory_ceilings_gb"):
+            if key in d:
+                if not isinstance(d[key], dict):
+                    raise ValueError(f"gate.{key} must be a mapping of metric -> number, got {d[key]!r}")
+                d[key] = {str(k): _number(f"gate.{key}[{k!r}]", v) for k, v in d[key].items()}
+        return cls(**d)
+
+
+def _number(what: str, value: Any) -> float:
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{what} must be a number, got {value!r}") from None
+
+
+def _check_range(what: str, value: float, lo: float, hi: float) -> None:
+    if not lo <= value <= hi:
+        raise ValueError(f"{what} must be in [{lo}, {hi}], got {value}")

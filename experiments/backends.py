@@ -1,0 +1,84 @@
+"""An engine under test, seen from an experiment: replay requests, generate quality outputs, report
+memory, stage timings and which opts were really in effect. One class per engine; `make_backend` picks.
+"""
+from __future__ import annotations
+
+from typing import Callable, Protocol
+
+from tqdm import tqdm
+
+from engine.config import EngineConfig, ModelConfig
+from engine.sequence import SamplingParams
+from traffic.replay import InProcessDriver, ReplayConfig
+from traffic.request import Request, RequestRecord
+
+
+class Backend(Protocol):
+    name: str
+    tokenizer: object
+    load_s: float
+    start_s: float
+
+    def warmup(self, requests: list[Request]) -> None: ...
+    def replay(self, requests: list[Request], cfg: ReplayConfig,
+               on_record: Callable[[RequestRecord], None]) -> list[RequestRecord]: ...
+    def generate(self, prompts: list[list[int]], max_new_tokens: int, progress: bool) -> list[str]: ...
+    def metrics(self) -> dict[str, float]: ...
+    def opts_effective(self) -> dict[str, dict]: ...
+    def close(self) -> None: ...
+
+
+class ReferenceBackend:
+    name = "reference"
+
+    def __init__(self, model_cfg: ModelConfig, engine_cfg: EngineConfig):
+        from engine.llm_engine import LLMEngine
+
+        self.engine = LLMEngine(model_cfg, engine_cfg)
+        self.tokenizer = self.engine.tokenizer
+        self.load_s, self.start_s = self.engine.load_s, self.engine.start_s
+        self.max_model_len = engine_cfg.max_model_len
+
+    @staticmethod
+    def _replay_params(r: Request) -> SamplingParams:
+        return SamplingParams(temperature=0.0, max_tokens=r.output_len, ignore_eos=r.ignore_eos)
+
+    def warmup(self, requests: list[Request]) -> None:
+        """A few short requests so one-time costs (allocator, kernels, caches) stay out of the numbers."""
+        if requests:
+            self.engine.generate([r.prompt_token_ids for r in requests],
+                                 [SamplingParams(max_tokens=min(4, r.output_len)) for r in requests])
+        self.engine.reset_stats()
+
+    def replay(self, requests, cfg, on_record):
+        return InProcessDriver(self.engine, self._replay_params, on_record).replay(requests, cfg)
+
+    def generate(self, prompts, max_new_tokens, progress=True):
+        """Greedy, stopping at EOS; a prompt that leaves no room to answer gets '' (counted by the caller)."""
+        outputs = [""] * len(prompts)
+        room = [min(max_new_tokens, self.max_model_len - len(p)) for p in prompts]
+        keep = [i for i, r in enumerate(room) if r >= 1]
+        params = [SamplingParams(temperature=0.0, max_tokens=room[i], ignore_eos=False) for i in keep]
+        with tqdm(total=len(keep), desc="quality", unit="prompt", disable=not progress) as bar:
+            seqs = self.engine.generate([prompts[i] for i in keep], params, progress=bar)
+        for i, seq in zip(keep, seqs):
+            outputs[i] = seq.output_text
+        return outputs
+
+    def metrics(self):
+        return {**self.engine.memory_metrics(), **self.engine.stage_metrics()}
+
+    def kv_timeline(self):
+        return self.engine.kv_timeline.points
+
+    def opts_effective(self):
+        return self.engine.opts_effective()
+
+    def close(self) -> None:
+        self.engine = None
+
+
+def make_backend(model_cfg: ModelConfig, engine_cfg: EngineConfig) -> Backend:
+    if engine_cfg.name == "reference":
+        return ReferenceBackend(model_cfg, engine_cfg)
+    raise ValueError(f"engine.name={engine_cfg.name!r} is not available yet; valid: ['reference']")

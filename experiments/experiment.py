@@ -1,0 +1,160 @@
+"""One experiment end to end: build the engine, warm up, replay, measure, check quality, log, snapshot.
+
+Everything a run leaves behind is written to its run directory as it happens (requests.jsonl line by
+line), then copied to MLflow, so a run that dies halfway keeps what it did and is marked FAILED.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import time
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from omegaconf import DictConfig, OmegaConf
+
+from experiments.backends import make_backend
+from experiments.plots import plot_run
+from experiments.snapshot import build_snapshot, write_snapshot
+from experiments.tracking import Tracker, flatten
+from quality.prompts import load_prompt_set, prompts_digest
+from quality.scoring import score_vs_references, to_metrics
+from traffic.metrics import compute_metrics
+from traffic.replay import ReplayConfig
+from traffic.request import RequestRecord, requests_digest
+from traffic.workload import build_workload
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class ExperimentResult:
+    run_id: str | None
+    run_dir: Path
+    metrics: dict[str, float]
+    records: list[RequestRecord]
+    outputs: list[str]
+    quality_per_prompt: dict[str, list[float]]
+    requests_digest: str
+    prompts_digest: str
+    opts_effective: dict
+    opts: list[str]
+    snapshot: dict = field(default_factory=dict)
+
+
+def run_experiment(cfg: DictConfig, run_dir: Path, overrides: list[str] | None = None,
+                   choices: dict | None = None, run_name: str | None = None,
+                   parent_run_id: str | None = None, tags: dict[str, str] | None = None) -> ExperimentResult:
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    conf = OmegaConf.to_object(cfg)  # builds the dataclasses: each validates its own fields here
+    resolved = OmegaConf.to_container(cfg, resolve=True)
+    snapshot = build_snapshot(resolved, overrides or [], choices or {})
+    write_snapshot(run_dir, snapshot)
+    from engine.opts import enabled_opts
+
+    opts = enabled_opts(conf.engine)
+    base_tags = {"engine": conf.engine.name, "model": conf.model.name, "opts": ",".join(opts) or "baseline",
+                 "git_commit": str(snapshot["environment"].get("git_commit")),
+                 "device": snapshot["environment"].get("gpu") or "cpu"}
+    tracker = Tracker(conf.tracking, run_name or _default_name(conf, opts), {**base_tags, **(tags or {})},
+                      parent_run_id)
+    ok = False
+    try:
+        tracker.log_params(flatten(resolved))
+        result = _run(conf, run_dir, snapshot, tracker, opts)
+        ok = True
+        return result
+    except BaseException:
+        (run_dir / "error.txt").write_text(traceback.format_exc())
+        raise
+    finally:
+        try:
+            tracker.log_artifacts(run_dir)
+        finally:
+            tracker.end(ok)
+
+
+def _default_name(conf, opts: list[str]) -> str:
+    return f"{conf.engine.name}:{'+'.join(opts) or 'baseline'}:{conf.model.name}"
+
+
+def _run(conf, run_dir: Path, snapshot: dict, tracker: Tracker, opts: list[str]) -> ExperimentResult:
+    data_root = conf.data.root
+    backend = make_backend(conf.model, conf.engine)
+    metrics: dict[str, float] = {"perf/load_s": backend.load_s, "perf/start_s": backend.start_s}
+    workload = build_workload(conf.workload, backend.tokenizer, conf.engine.max_model_len, data_root)
+    for w in workload.warnings:
+        log.warning("workload: %s", w)
+    snapshot["requests_digest"] = requests_digest(workload.requests)
+    write_snapshot(run_dir, snapshot)
+    metrics.update(workload.stats)
+
+    backend.warmup(workload.requests[:conf.replay.warmup_requests])
+    with open(run_dir / "requests.jsonl", "a") as f:
+        def on_record(rec: RequestRecord) -> None:
+            f.write(rec.to_json() + "\n")
+            f.flush()  # a crash keeps every request that finished
+
+        rcfg = ReplayConfig(mode=workload.mode, concurrency=workload.concurrency,
+                            lateness_warn_ms=conf.replay.lateness_warn_ms, progress=conf.replay.progress)
+        records = backend.replay(workload.requests, rcfg, on_record)
+    metrics.update(compute_metrics(records, conf.slo))
+    metrics.update(backend.metrics())
+    tracker.log_metrics(metrics)
+
+    outputs, per_prompt, qmetrics, pdigest, signature = _quality(conf, backend, run_dir, data_root)
+    metrics.update(qmetrics)
+    snapshot["prompts_digest"] = pdigest
+    write_snapshot(run_dir, snapshot)
+    tracker.log_metrics(qmetrics)
+    _log_kv_timeline(tracker, backend)
+    plot_run(run_dir, records, getattr(backend, "kv_timeline", lambda: [])())
+
+    summary = {
+        "run_id": tracker.run_id, "run_dir": str(run_dir), "engine": conf.engine.name, "model": conf.model.name,
+        "opts": opts, "opts_effective": backend.opts_effective(), "metrics": metrics,
+        "quality": {"set": conf.quality.name, "num_prompts": len(outputs), "bleu_signature": signature,
+                    **{k: v for k, v in qmetrics.items()}},
+        "workload": {"name": conf.workload.name, "num_requests": len(records), "mode": workload.mode,
+                     "source": workload.source},
+        "verdict": None,
+    }
+    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
+    backend.close()
+    return ExperimentResult(tracker.run_id, run_dir, metrics, records, outputs, per_prompt,
+                            snapshot["requests_digest"], pdigest, summary["opts_effective"], opts, snapshot)
+
+
+def _quality(conf, backend, run_dir: Path, data_root):
+    from engine.tokenizer import chat_token_ids
+
+    items = load_prompt_set(conf.quality, data_root)
+    t0 = time.perf_counter()
+    prompts = [chat_token_ids(backend.tokenizer, it.prompt) for it in items]
+    outputs = backend.generate(prompts, conf.quality.max_new_tokens, progress=conf.replay.progress)
+    scores = score_vs_references(outputs, [it.references for it in items])
+    with open(run_dir / "quality_outputs.jsonl", "w") as f:
+        for it, out, s in zip(items, outputs, scores.per_prompt):
+            f.write(json.dumps({"id": it.id, "prompt": it.prompt, "output": out, "references": it.references,
+                                "task": it.task, "scores": s}) + "\n")
+    per_prompt = {f"quality/{k}_vs_ref": [s[k] for s in scores.per_prompt]
+                  for k in ("bleu", "rouge1", "rouge2", "rougeL")}
+    qmetrics = to_metrics(scores)
+    qmetrics["quality/num_prompts"] = float(len(items))
+    qmetrics["quality/rejected"] = float(sum(len(p) >= conf.engine.max_model_len for p in prompts))
+    qmetrics["quality/generate_s"] = time.perf_counter() - t0
+    return outputs, per_prompt, qmetrics, prompts_digest(items), scores.bleu_signature
+
+
+def _log_kv_timeline(tracker: Tracker, backend) -> None:
+    points = getattr(backend, "kv_timeline", lambda: [])()
+    if not points:
+        return
+    stride = max(1, len(points) // 200)  # a curve, not one metric row per engine step
+    gib = float(1 << 30)
+    points = points[::stride]
+    tracker.log_series({"kv/reserved_gb": [r / gib for _, r, _ in points],
+                        "kv/used_gb": [u / gib for _, _, u in points],
+                        "kv/util": [u / r if r else 0.0 for _, r, u in points]})

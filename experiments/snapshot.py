@@ -1,0 +1,73 @@
+"""The config snapshot every experiment leaves behind: resolved config, overrides, environment, and the
+digests of exactly what was replayed and scored. Enough to rerun it, and to diff two runs."""
+from __future__ import annotations
+
+import datetime as dt
+import importlib.metadata as md
+import json
+import platform
+import subprocess
+import sys
+from pathlib import Path
+
+PROJECT_ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("torch", "transformers", "tokenizers", "safetensors", "numpy", "scipy", "hydra-core", "omegaconf",
+            "mlflow", "mlflow-skinny", "sacrebleu", "rouge-score", "locust", "triton", "vllm", "optladder")
+SNAPSHOT_FILE = "config_snapshot.json"
+
+
+def _git(*args: str) -> str | None:
+    try:
+        out = subprocess.run(["git", *args], cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return out.stdout.strip() if out.returncode == 0 else None
+
+
+def environment() -> dict:
+    env: dict = {"python": sys.version.split()[0], "platform": platform.platform(),
+                 "machine": platform.machine(), "processor": platform.processor() or None}
+    pkgs = {}
+    for name in PACKAGES:
+        try:
+            pkgs[name] = md.version(name)
+        except md.PackageNotFoundError:
+            continue
+    env["packages"] = pkgs
+    try:
+        import torch
+
+        env["torch_cuda"] = torch.version.cuda
+        env["cuda_available"] = torch.cuda.is_available()
+        if torch.cuda.is_available():
+            env["gpu"] = torch.cuda.get_device_name(0)
+            env["gpu_count"] = torch.cuda.device_count()
+            env["driver"] = _nvidia_driver()
+        env["cpu_threads"] = torch.get_num_threads()
+    except ImportError:
+        pass
+    commit = _git("rev-parse", "HEAD")
+    env["git_commit"] = commit
+    env["git_dirty"] = bool(_git("status", "--porcelain")) if commit else None
+    return env
+
+
+def _nvidia_driver() -> str | None:
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=10)
+        return out.stdout.strip().splitlines()[0] if out.returncode == 0 else None
+    except (OSError, subprocess.TimeoutExpired, IndexError):
+        return None
+
+
+def build_snapshot(resolved_config: dict, overrides: list[str], choices: dict) -> dict:
+    return {"created_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+            "resolved_config": resolved_config, "overrides": list(overrides), "choices": dict(choices),
+            "environment": environment(), "requests_digest": None, "prompts_digest": None}
+
+
+def write_snapshot(run_dir: Path, snapshot: dict) -> Path:
+    path = Path(run_dir) / SNAPSHOT_FILE
+    path.write_text(json.dumps(snapshot, indent=2, sort_keys=True, default=str))
+    return path

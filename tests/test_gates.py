@@ -1,0 +1,173 @@
+"""Gates, verdicts and rollout on synthetic arms with known answers."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from abtest.gates import METRICS, GateConfig, higher_is_better, validate_metric
+from abtest.rollout import current, promote, rollback, rollout_plan
+from abtest.verdict import ArmResult, decide
+from traffic.metrics import compute_metrics
+from traffic.request import RequestRecord
+
+QUALITY = ("quality/bleu_vs_ref", "quality/rouge1_vs_ref", "quality/rouge2_vs_ref", "quality/rougeL_vs_ref")
+RNG = np.random.default_rng(0)
+E2E = RNG.lognormal(0.0, 0.5, 200)  # seconds, per request
+SCORES = RNG.uniform(20, 60, 200)  # per-prompt quality
+
+
+def arm(name: str, e2e: np.ndarray = E2E, scores: np.ndarray = SCORES, extra: dict | None = None,
+        digests: tuple[str, str] = ("req", "prm")) -> ArmResult:
+    records = [RequestRecord(id=f"r{i}", scheduled_at=0.0, input_tokens=8, requested_output_tokens=16,
+                             sent_at=0.0, first_token_at=0.2 * t, finished_at=t, output_tokens=16, ok=True)
+               for i, t in enumerate(e2e)]
+    metrics = compute_metrics(records) | {m: float(np.mean(scores)) for m in QUALITY} | (extra or {})
+    return ArmResult(name=name, metrics=metrics, records=records,
+                     quality_per_prompt={m: list(scores) for m in QUALITY}, outputs=[],
+                     requests_digest=digests[0], prompts_digest=digests[1])
+
+
+def by_name(verdict) -> dict:
+    return {g.name: g for g in verdict.gates}
+
+
+def test_identical_arms_pass() -> None:
+    v = decide(arm("control"), arm("candidate"), GateConfig(), candidate_lossless=False)
+    assert (v.status, v.exit_code) == ("pass", 0)
+    q = by_name(v)["quality_non_inferiority:quality/bleu_vs_ref"]
+    assert (q.interval.low, q.interval.high) == (0.0, 0.0)
+    assert "margin -0.30%" in q.reason
+    json.dumps(v.to_dict())  # verdict.json must serialize
+
+
+def test_clear_quality_drop_fails() -> None:
+    v = decide(arm("control"), arm("candidate", scores=SCORES * 0.8), GateConfig(), False)
+    assert (v.status, v.exit_code) == ("fail", 1)
+    q = by_name(v)["quality_non_inferiority:quality/rougeL_vs_ref"]
+    assert q.status == "fail" and q.interval.high == pytest.approx(-0.2)
+    assert "-20.00%" in q.reason
+
+
+def test_noisy_tiny_samples_are_inconclusive() -> None:
+    rng = np.random.default_rng(5)
+    ctrl = rng.uniform(30, 70, 12)
+    noise = rng.normal(0, 15, 12)
+    cand = ctrl + noise - noise.mean()  # no change on average, but far too noisy to show it
+    e2e = rng.lognormal(0, 0.5, 12)
+    cfg = GateConfig(latency_max_regression={"perf/e2e_ms_p50": 0.0})
+    v = decide(arm("c", e2e, ctrl), arm("k", e2e * rng.lognormal(0, 0.4, 12), cand), cfg, False)
+    assert (v.status, v.exit_code) == ("inconclusive", 2)
+    assert {g.status for g in v.gates} == {"inconclusive"}
+    # fewer requests than gate.min_pairs: inconclusive however the interval looks
+    v = decide(arm("c", E2E[:5]), arm("k", E2E[:5] * 2), GateConfig(quality_margins_rel={}), False)
+    assert v.exit_code == 2 and "only 5 paired requests" in v.gates[0].reason
+
+
+def test_unmeasured_metric_is_inconclusive_never_pass() -> None:
+    cfg = GateConfig(memory_ceilings_gb={"perf/peak_mem_gb": 80})
+    v = decide(arm("c"), arm("k"), cfg, candidate_lossless=True)
+    assert v.status == "inconclusive"
+    g = by_name(v)
+    assert g["memory_ceiling:perf/peak_mem_gb"].status == "inconclusive"
+    assert "not measured in the control and candidate arms" in g["memory_ceiling:perf/peak_mem_gb"].reason
+    assert g["exact_match:quality/exact_match_vs_control"].status == "inconclusive"
+    c = arm("c")
+    c.metrics.pop("perf/e2e_ms_p99")
+    assert by_name(decide(c, arm("k"), GateConfig(), False))[
+        "latency_max_regression:perf/e2e_ms_p99"].status == "inconclusive"
+
+
+def test_latency_gates_on_paired_bootstrap() -> None:
+    cfg = GateConfig(latency_gains={"perf/tpot_ms_p50": 0.3, "perf/ttft_ms_mean": 0.0},
+                     latency_max_regression={"perf/e2e_ms_p99": 0.10})
+    v = decide(arm("c"), arm("k", E2E * 0.5), cfg, False)
+    assert v.status == "pass"
+    g = by_name(v)["latency_gain:perf/tpot_ms_p50"]
+    assert g.interval.estimate == pytest.approx(-0.5) and "at least 30.00% better" in g.reason
+    v = decide(arm("c"), arm("k", E2E * 1.3), cfg, False)
+    assert v.status == "fail"
+    assert by_name(v)["latency_max_regression:perf/e2e_ms_p99"].status == "fail"
+
+
+def test_point_value_gates_exact_match_and_memory() -> None:
+    cfg = GateConfig(latency_gains={"perf/throughput_req_s": 0.1},
+                     memory_ceilings_gb={"perf/peak_mem_gb": 80})
+    ctrl = arm("c", extra={"perf/peak_mem_gb": 70.0})
+    ok = arm("k", E2E * 0.5, extra={"perf/peak_mem_gb": 79.0, "quality/exact_match_vs_control": 1.0})
+    v = decide(ctrl, ok, cfg, candidate_lossless=True)
+    assert v.status == "pass", [g.reason for g in v.gates]
+    assert "point values" in by_name(v)["latency_gain:perf/throughput_req_s"].reason
+    bad = arm("k", E2E * 1.05, extra={"perf/peak_mem_gb": 81.0, "quality/exact_match_vs_control": 0.95})
+    g = by_name(decide(ctrl, bad, cfg, candidate_lossless=True))
+    for name in ("latency_gain:perf/throughput_req_s", "memory_ceiling:perf/peak_mem_gb",
+                 "exact_match:quality/exact_match_vs_control"):
+        assert g[name].status == "fail", g[name].reason
+    # the exact-match gate applies only to lossless candidates
+    assert "exact_match:quality/exact_match_vs_control" not in by_name(decide(ctrl, bad, cfg, False))
+
+
+def test_point_quality_without_per_prompt_scores() -> None:
+    c, k = arm("c"), arm("k")
+    c.quality_per_prompt, k.quality_per_prompt = {}, {}
+    k.metrics["quality/bleu_vs_ref"] = c.metrics["quality/bleu_vs_ref"] * 0.99
+    g = by_name(decide(c, k, GateConfig(), False))["quality_non_inferiority:quality/bleu_vs_ref"]
+    assert g.status == "fail" and "point values" in g.reason
+
+
+@pytest.mark.parametrize("digests", [("other", "prm"), ("req", "other")])
+def test_digest_mismatch_is_refused(digests: tuple[str, str]) -> None:
+    with pytest.raises(ValueError, match="identical traffic and prompts"):
+        decide(arm("c"), arm("k", digests=digests), GateConfig(), False)
+
+
+def test_unknown_metric_names_the_valid_ones() -> None:
+    with pytest.raises(ValueError, match=r"'perf/e2e_p99'.*perf/e2e_ms_p99.*capacity/\*"):
+        GateConfig.from_dict({"latency_max_regression": {"perf/e2e_p99": 0.1}})
+    with pytest.raises(ValueError, match="unknown gate key.*'latency_gain'.*valid: quality_margins_rel"):
+        GateConfig.from_dict({"latency_gain": {}})
+    with pytest.raises(ValueError, match="no control value"):
+        GateConfig.from_dict({"quality_margins_rel": {"quality/bleu_vs_control": 0.01}})
+    with pytest.raises(ValueError, match="not a memory metric"):
+        GateConfig.from_dict({"memory_ceilings_gb": {"perf/e2e_ms_p99": 1}})
+    with pytest.raises(ValueError, match="must be a number"):
+        GateConfig.from_dict({"latency_gains": {"perf/ttft_ms_p50": "fast"}})
+
+
+def test_metric_set_and_directions() -> None:
+    assert len([m for m in METRICS if m.startswith(("perf/ttft", "perf/tpot", "perf/itl", "perf/e2e"))]) == 20
+    assert validate_metric("capacity/concurrency_at_p99_3s") and validate_metric("stage/prefill_ms_mean")
+    assert not higher_is_better("perf/e2e_ms_p99") and not higher_is_better("perf/peak_mem_gb")
+    assert higher_is_better("perf/throughput_out_tok_s") and higher_is_better("quality/rougeL_vs_ref")
+    cfg = GateConfig.from_dict({"latency_gains": {"perf/tpot_ms_p50": 0}, "n_boot": 500})
+    assert cfg.latency_gains == {"perf/tpot_ms_p50": 0.0}
+    assert cfg.quality_margins_rel["quality/bleu_vs_ref"] == 0.003 and cfg.n_boot == 500
+
+
+def test_rollout_plan_only_for_pass() -> None:
+    v = decide(arm("c"), arm("k"), GateConfig(), False)
+    plan = rollout_plan(v, "k")
+    assert [s["candidate_weight_pct"] for s in plan["stages"]] == [1, 5, 25, 50, 100]
+    assert "latency_max_regression:perf/e2e_ms_p99" in plan["stages"][0]["recheck_gates"]
+    with pytest.raises(ValueError, match="end at 100"):
+        rollout_plan(v, "k", stages=(1, 50))
+    with pytest.raises(ValueError, match="'fail'"):
+        rollout_plan(decide(arm("c"), arm("k", scores=SCORES * 0.8), GateConfig(), False), "k")
+
+
+def test_promote_and_rollback(tmp_path: Path) -> None:
+    reg = tmp_path / "registry"
+    assert current(reg) is None
+    promote(reg, {"opts": ["paged_kv"]}, run_id="run1", name="paged_kv")
+    with pytest.raises(ValueError, match="nothing to roll back to"):
+        rollback(reg)
+    promote(reg, {"opts": ["paged_kv", "flash_attn"]}, run_id="run2", name="flash_attn")
+    assert current(reg)["run_id"] == "run2"
+    back = rollback(reg)
+    assert back["run_id"] == "run1" and back["snapshot"] == {"opts": ["paged_kv"]}
+    assert current(reg)["run_id"] == "run1"
+    with pytest.raises(ValueError, match="nothing to roll back to"):
+        rollback(reg)
+    assert len((reg / "history.jsonl").read_text().splitlines()) == 3  # the audit trail keeps all

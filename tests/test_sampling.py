@@ -1,0 +1,128 @@
+"""Stratified and window samples, KS distance, fitting lengths to a context; the real Azure trace."""
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from traffic.sampling import fit_lengths, ks_distance, stratified_sample, window_sample
+from traffic.traces import TraceRow, load_trace
+
+AZURE_FILE = "traces/azure_conv_2023.csv"
+
+
+def real_data_root():
+    root = Path(os.environ.get("OPTLADDER_DATA") or Path(__file__).resolve().parents[2] / "shared" / "data")
+    return root if (root / AZURE_FILE).is_file() else None
+
+
+def synthetic_rows(n=20000, seed=1):
+    """Long-tailed, correlated lengths like chat traffic: longer prompts tend to get longer answers."""
+    rng = np.random.default_rng(seed)
+    ins = np.exp(rng.normal(6.5, 1.0, n)).astype(int) + 1
+    outs = (np.exp(rng.normal(4.5, 0.8, n)) * (ins / ins.mean()) ** 0.3).astype(int) + 1
+    return [TraceRow(float(i), int(a), int(b)) for i, (a, b) in enumerate(zip(ins, outs))]
+
+
+def lengths(rows, idx=None):
+    rows = rows if idx is None else [rows[i] for i in idx]
+    return [r.input_len for r in rows], [r.output_len for r in rows]
+
+
+def test_stratified_sample_shape_and_determinism():
+    rows = synthetic_rows(5000)
+    a = stratified_sample(rows, 300, seed=7)
+    assert len(a) == len(set(a)) == 300 and a == sorted(a)
+    assert a == stratified_sample(rows, 300, seed=7)
+    assert a != stratified_sample(rows, 300, seed=8)
+    assert stratified_sample(rows[:10], 50, seed=0) == list(range(10))  # more asked than there are
+
+
+def test_stratified_keeps_both_marginals_and_the_joint():
+    rows = synthetic_rows()
+    full_in, full_out = lengths(rows)
+    full_corr = np.corrcoef(np.log(full_in), np.log(full_out))[0, 1]
+    for seed in range(5):
+        s_in, s_out = lengths(rows, stratified_sample(rows, 500, seed))
+        assert ks_distance(s_in, full_in) <= 0.05 and ks_distance(s_out, full_out) <= 0.05
+        assert abs(np.corrcoef(np.log(s_in), np.log(s_out))[0, 1] - full_corr) < 0.1
+
+
+def test_stratified_beats_plain_random_sampling():
+    rows = synthetic_rows()
+    full_in, _ = lengths(rows)
+    rng = np.random.default_rng(0)
+    strat = [ks_distance(lengths(rows, stratified_sample(rows, 200, s))[0], full_in) for s in range(20)]
+    rand = [ks_distance(lengths(rows, rng.choice(len(rows), 200, replace=False))[0], full_in)
+            for _ in range(20)]
+    assert np.mean(strat) < np.mean(rand)
+
+
+def test_real_azure_trace_ks_at_500():
+    root = real_data_root()
+    if root is None:
+        pytest.skip("the data root has no Azure trace")
+    rows = load_trace("azure", AZURE_FILE, data_root=str(root)).rows
+    full_in, full_out = lengths(rows)
+    s_in, s_out = lengths(rows, stratified_sample(rows, 500, seed=0))
+    assert ks_distance(s_in, full_in) <= 0.05
+    assert ks_distance(s_out, full_out) <= 0.05
+
+
+def test_window_sample_is_contiguous_and_seeded():
+    rows = synthetic_rows(1000)
+    w = window_sample(rows, 100, seed=3)
+    assert w == list(range(w[0], w[0] + 100)) and 0 <= w[0] <= 900
+    assert w == window_sample(rows, 100, seed=3)
+    assert window_sample(rows, 5000, seed=3) == list(range(1000))
+
+
+def test_sample_size_must_be_positive():
+    with pytest.raises(ValueError, match="n must be >= 1, got 0"):
+        stratified_sample(synthetic_rows(10), 0, seed=0)
+    with pytest.raises(ValueError, match="n must be >= 1"):
+        window_sample(synthetic_rows(10), -1, seed=0)
+
+
+def test_ks_distance():
+    from scipy.stats import ks_2samp
+
+    rng = np.random.default_rng(0)
+    a, b = rng.integers(0, 50, 300), rng.integers(0, 60, 2000)  # ties, like token counts
+    assert ks_distance(a, b) == pytest.approx(ks_2samp(a, b).statistic, abs=1e-12)
+    assert ks_distance([1, 2, 3], [1, 2, 3]) == 0.0
+    assert ks_distance([1, 2], [10, 20]) == 1.0
+    with pytest.raises(ValueError, match="non-empty"):
+        ks_distance([], [1])
+
+
+def test_fit_lengths_clip_shortens_input_first():
+    rows = [TraceRow(0, 100, 20), TraceRow(0, 50, 10), TraceRow(0, 10, 500), TraceRow(0, 0, 0)]
+    fitted, changed = fit_lengths(rows, 64, "clip")
+    assert [(r.input_len, r.output_len) for r in fitted] == [(44, 20), (50, 10), (1, 63), (1, 1)]
+    assert changed == 3
+    assert rows[0].input_len == 100  # the input rows are not modified
+
+
+def test_fit_lengths_scale_keeps_the_ratio():
+    fitted, changed = fit_lengths([TraceRow(0, 3000, 1000), TraceRow(0, 10000, 1)], 400, "scale")
+    assert changed == 2
+    assert (fitted[0].input_len, fitted[0].output_len) == (300, 100)
+    assert fitted[1].output_len == 1 and fitted[1].input_len + fitted[1].output_len <= 400
+
+
+@pytest.mark.parametrize("policy", ["clip", "scale"])
+def test_fit_lengths_always_fits(policy):
+    rng = np.random.default_rng(0)
+    rows = [TraceRow(0, int(a), int(b)) for a, b in rng.integers(0, 5000, size=(500, 2))]
+    for limit in (2, 3, 100, 4096):
+        fitted, _ = fit_lengths(rows, limit, policy)
+        assert all(r.input_len >= 1 and r.output_len >= 1 and r.input_len + r.output_len <= limit
+                   for r in fitted)
+
+
+def test_fit_lengths_bad_arguments():
+    with pytest.raises(ValueError, match="'crop' is not one of clip, scale"):
+        fit_lengths([TraceRow(0, 1, 1)], 10, "crop")
+    with pytest.raises(ValueError, match=r"max_model_len must be >= 2 .*got 1"):
+        fit_lengths([TraceRow(0, 1, 1)], 1)

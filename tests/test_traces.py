@@ -1,0 +1,187 @@
+"""Trace loaders on small files written here, every bad-input message, and the real Azure trace."""
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from traffic.traces import load_trace, resolve_data_path
+
+AZURE_HEADER = "TIMESTAMP,ContextTokens,GeneratedTokens\n"
+AZURE_FILE = "traces/azure_conv_2023.csv"
+
+
+class CharTokenizer:
+    """One token per character: stateless, so counts are easy to check by eye."""
+
+    def encode(self, text, add_special_tokens=False):
+        return [ord(c) for c in text]
+
+    def decode(self, ids):
+        return "".join(chr(i) for i in ids)
+
+
+def real_data_root():
+    root = Path(os.environ.get("OPTLADDER_DATA") or Path(__file__).resolve().parents[2] / "shared" / "data")
+    return root if (root / AZURE_FILE).is_file() else None
+
+
+def write(tmp_path, name, text):
+    p = tmp_path / name
+    p.write_text(text)
+    return str(p)
+
+
+def jsonl(rows):
+    return "".join(json.dumps(r) + "\n" for r in rows)
+
+
+def test_azure_keeps_sub_microsecond_precision(tmp_path):
+    path = write(tmp_path, "az.csv", AZURE_HEADER + "2023-11-16 18:15:46.6805900,374,44\n"
+                 "2023-11-16 18:15:46.6805901,396,109\n2023-11-16 18:15:50,10,1\n"
+                 "2023-11-17 00:00:00.5,7,2")
+    t = load_trace("azure", path)
+    assert [r.input_len for r in t.rows] == [374, 396, 10, 7]
+    assert [r.output_len for r in t.rows] == [44, 109, 1, 2]
+    assert t.rows[0].timestamp_s == 0.0
+    assert t.rows[1].timestamp_s == pytest.approx(1e-7, abs=1e-12)  # the 7th digit survives
+    assert t.rows[2].timestamp_s == pytest.approx(50 - 46.68059, abs=1e-9)
+    assert t.rows[3].timestamp_s == pytest.approx(5 * 3600 + 44 * 60 + 13.81941, abs=1e-9)
+    assert (t.skipped, t.reordered, t.has_timing) == (0, 0, True)
+
+
+def test_mooncake_ms_to_seconds_and_hash_ids(tmp_path):
+    path = write(tmp_path, "mc.jsonl", jsonl([
+        {"timestamp": 1000, "input_length": 1000, "output_length": 5, "hash_ids": [1, 2]},
+        {"timestamp": 1250, "input_length": 600, "output_length": 7, "hash_ids": [1, 3]}]))
+    t = load_trace("mooncake", path)
+    assert [r.timestamp_s for r in t.rows] == [0.0, 0.25]
+    assert [r.hash_ids for r in t.rows] == [[1, 2], [1, 3]]
+
+
+def test_jsonl_counts_text_and_timing(tmp_path):
+    path = write(tmp_path, "log.jsonl", jsonl([
+        {"timestamp": 10.5, "prompt": "hello", "output_tokens": 3},
+        {"timestamp": 11.0, "input_tokens": 40, "output": "ab"},
+        {"timestamp": 12.0, "prompt": "xyz", "input_tokens": 9, "output_tokens": 1}]))
+    t = load_trace("jsonl", path, tokenizer=CharTokenizer())
+    assert [(r.timestamp_s, r.input_len, r.output_len) for r in t.rows] == [
+        (0.0, 5, 3), (0.5, 40, 2), (1.5, 9, 1)]  # a recorded count wins over the text
+    assert t.rows[0].prompt_text == "hello" and t.rows[1].output_text == "ab"
+
+
+def test_jsonl_without_timestamps_has_no_timing(tmp_path):
+    path = write(tmp_path, "log.jsonl", jsonl([{"input_tokens": 4, "output_tokens": 2}] * 3))
+    t = load_trace("jsonl", path)
+    assert not t.has_timing and len(t.rows) == 3
+
+
+def test_jsonl_partial_timestamps_and_missing_tokenizer(tmp_path):
+    mixed = write(tmp_path, "mixed.jsonl", jsonl([{"timestamp": 1, "input_tokens": 4, "output_tokens": 2},
+                                                  {"input_tokens": 4, "output_tokens": 2}]))
+    with pytest.raises(ValueError, match="1 of 2 rows have no timestamp"):
+        load_trace("jsonl", mixed)
+    text = write(tmp_path, "text.jsonl", jsonl([{"prompt": "hi", "output_tokens": 2}] * 2))
+    with pytest.raises(ValueError, match="tokenizer"):
+        load_trace("jsonl", text)
+
+
+def test_sharegpt_first_human_turn_and_bad_entries(tmp_path):
+    data = [{"id": "a", "conversations": [{"from": "human", "value": "tell me"},
+                                          {"from": "gpt", "value": "sure!"}]},
+            {"id": "b", "conversations": [{"from": "gpt", "value": "no human here"}]},
+            {"id": "c", "conversations": [{"from": "system", "value": "sys"},
+                                          {"from": "human", "value": "second"}]}]
+    path = write(tmp_path, "sg.json", json.dumps(data))
+    with pytest.raises(ValueError, match=r"sg\.json:entry 1: no human turn"):
+        load_trace("sharegpt", path, tokenizer=CharTokenizer())
+    t = load_trace("sharegpt", path, on_bad_row="skip", tokenizer=CharTokenizer())
+    assert t.skipped == 1 and not t.has_timing
+    assert [(r.prompt_text, r.input_len, r.output_len) for r in t.rows] == [
+        ("tell me", 7, 5), ("second", 6, 0)]
+
+
+def test_missing_file_names_path_and_data_root(tmp_path, monkeypatch):
+    monkeypatch.delenv("OPTLADDER_DATA", raising=False)
+    with pytest.raises(FileNotFoundError) as e:
+        load_trace("azure", "traces/nope.csv", data_root=str(tmp_path))
+    msg = str(e.value)
+    assert "traces/nope.csv" in msg and str(tmp_path) in msg
+    assert "data.root" in msg and "OPTLADDER_DATA" in msg
+    with pytest.raises(FileNotFoundError, match="no data root set"):
+        resolve_data_path("traces/nope.csv", None)
+
+
+def test_resolve_data_path(tmp_path, monkeypatch):
+    f = tmp_path / "traces" / "t.csv"
+    f.parent.mkdir()
+    f.write_text(AZURE_HEADER)
+    assert resolve_data_path(str(f), "/elsewhere") == f  # absolute: the root is not used
+    assert resolve_data_path("traces/t.csv", str(tmp_path)) == f
+    monkeypatch.setenv("OPTLADDER_DATA", str(tmp_path))
+    assert resolve_data_path("traces/t.csv", None) == f
+
+
+@pytest.mark.parametrize("bad_line, why", [
+    ("2023-11-16 18:15:47.1,abc,3", "ContextTokens 'abc' is not an integer"),
+    ("2023-11-16 18:15:47.1,5", "expected 3 fields"),
+    ("yesterday,5,3", "bad TIMESTAMP"),
+    ("2023-11-16 18:15:47.1,-5,3", "negative token count"),
+])
+def test_bad_row_names_file_and_line_or_is_skipped(tmp_path, bad_line, why):
+    good = "2023-11-16 18:15:46.0,10,2\n"
+    path = write(tmp_path, "bad.csv", AZURE_HEADER + good + bad_line + "\n" + good + good)
+    with pytest.raises(ValueError) as e:
+        load_trace("azure", path)
+    assert f"bad.csv:3: {why}" in str(e.value) and "on_bad_row=skip" in str(e.value)
+    t = load_trace("azure", path, on_bad_row="skip")
+    assert t.skipped == 1 and len(t.rows) == 3
+
+
+def test_negative_and_malformed_jsonl_lines(tmp_path):
+    path = write(tmp_path, "mc.jsonl", jsonl([{"timestamp": 0, "input_length": 5, "output_length": 1}]) +
+                 "\n{not json\n" + jsonl([{"timestamp": 1, "input_length": 5, "output_length": -2}]))
+    with pytest.raises(ValueError, match=r"mc\.jsonl:3: not valid JSON"):
+        load_trace("mooncake", path)
+    with pytest.raises(ValueError, match="only|at least 2"):  # both bad rows skipped: one left
+        load_trace("mooncake", path, on_bad_row="skip")
+
+
+@pytest.mark.parametrize("body, expect", [("", "no usable rows"), (AZURE_HEADER, "no usable rows"),
+                                          (AZURE_HEADER + "2023-11-16 18:15:46.0,10,2\n", "1 usable row")])
+def test_empty_and_one_row_traces(tmp_path, body, expect):
+    path = write(tmp_path, "small.csv", body)
+    with pytest.raises(ValueError, match=expect) as e:
+        load_trace("azure", path)
+    assert "at least 2" in str(e.value) and "small.csv" in str(e.value)
+
+
+def test_out_of_order_rows_are_sorted_and_counted(tmp_path):
+    stamps = [0, 5, 3, 4, 10]
+    path = write(tmp_path, "mc.jsonl", jsonl([
+        {"timestamp": s * 1000, "input_length": s + 1, "output_length": 1} for s in stamps]))
+    t = load_trace("mooncake", path)
+    assert t.reordered == 2
+    assert [r.timestamp_s for r in t.rows] == [0, 3, 4, 5, 10]
+    assert [r.input_len for r in t.rows] == [1, 4, 5, 6, 11]  # rows moved with their timestamps
+
+
+def test_bad_arguments_list_valid_values(tmp_path):
+    path = write(tmp_path, "a.csv", AZURE_HEADER)
+    with pytest.raises(ValueError, match="on_bad_row='ignore'.*error, skip"):
+        load_trace("azure", path, on_bad_row="ignore")
+    with pytest.raises(ValueError, match="'csv' is not one of azure, mooncake, jsonl, sharegpt"):
+        load_trace("csv", path)
+    wrong = write(tmp_path, "w.csv", "time,in,out\n1,2,3\n")
+    with pytest.raises(ValueError, match=r"w\.csv:1: header"):
+        load_trace("azure", wrong)
+
+
+def test_real_azure_trace():
+    root = real_data_root()
+    if root is None:
+        pytest.skip("the data root has no Azure trace")
+    t = load_trace("azure", AZURE_FILE, data_root=str(root))
+    assert len(t.rows) == 19366 and t.reordered == 0 and t.skipped == 0
+    assert t.rows[0].timestamp_s == 0.0
+    assert (len(t.rows) - 1) / t.rows[-1].timestamp_s == pytest.approx(5.53, abs=0.01)

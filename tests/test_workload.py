@@ -1,0 +1,228 @@
+"""Arrival schedules, exact-length prompts with shared prefixes, and whole workloads."""
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from traffic.arrivals import gamma_arrivals, mean_rate, poisson_arrivals, trace_arrivals
+from traffic.materialize import build_pool, materialize, prefix_groups, prompt_texts
+from traffic.request import requests_digest
+from traffic.sampling import stratified_sample
+from traffic.traces import TraceRow, load_trace
+from traffic.workload import WorkloadConfig, build_workload
+
+AZURE_FILE = "traces/azure_conv_2023.csv"
+
+
+class CharTokenizer:
+    """One token per character: stateless and fast; decode(encode(x)) == x, which real ones do not
+    promise, so nothing here may rely on it (lengths are checked on the ids)."""
+
+    def encode(self, text, add_special_tokens=False):
+        return [ord(c) for c in text]
+
+    def decode(self, ids):
+        return "".join(chr(i) for i in ids)
+
+
+TOK = CharTokenizer()
+
+
+def real_data_root():
+    root = Path(os.environ.get("OPTLADDER_DATA") or Path(__file__).resolve().parents[2] / "shared" / "data")
+    return root if (root / AZURE_FILE).is_file() else None
+
+
+def write_jsonl(tmp_path, name, rows):
+    p = tmp_path / name
+    p.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return str(p)
+
+
+# --- arrivals ---
+def test_poisson_and_gamma_hit_the_rate():
+    for times in (poisson_arrivals(20000, 4.0, seed=1), gamma_arrivals(20000, 4.0, cv=2.0, seed=1)):
+        assert times[0] == 0.0 and np.all(np.diff(times) >= 0)
+        assert mean_rate(times) == pytest.approx(4.0, rel=0.05)
+    gaps = np.diff(gamma_arrivals(20000, 4.0, cv=2.0, seed=2))
+    assert gaps.std() / gaps.mean() == pytest.approx(2.0, rel=0.1)
+    assert poisson_arrivals(50, 1.0, seed=3) == poisson_arrivals(50, 1.0, seed=3)
+
+
+def test_trace_arrivals_scale_the_gaps():
+    assert trace_arrivals([10.0, 11.0, 13.5], 1.0) == [0.0, 1.0, 3.5]
+    assert trace_arrivals([10.0, 11.0, 13.5], 2.0) == [0.0, 2.0, 7.0]
+    with pytest.raises(ValueError, match="time order"):
+        trace_arrivals([2.0, 1.0], 1.0)
+
+
+@pytest.mark.parametrize("call, field", [
+    (lambda: poisson_arrivals(5, 0.0, 0), "rate"), (lambda: gamma_arrivals(5, -1.0, 1.0, 0), "rate"),
+    (lambda: gamma_arrivals(5, 1.0, 0.0, 0), "cv"), (lambda: trace_arrivals([0.0, 1.0], 0.0), "time_scale"),
+    (lambda: poisson_arrivals(0, 1.0, 0), "n")])
+def test_arrivals_reject_non_positive_values(call, field):
+    with pytest.raises(ValueError, match=f"{field} must be"):
+        call()
+
+
+# --- materialization ---
+def builtin_pool():
+    texts, source = prompt_texts("builtin", None, TOK)
+    return build_pool(texts, TOK, source)
+
+
+def test_materialized_lengths_are_exact_and_seeded():
+    pool = builtin_pool()
+    rows = [TraceRow(0, n, 1) for n in (1, 7, 300, len(pool.ids) + 123)]  # the last one wraps the pool
+    rows.append(TraceRow(0, 5, 1, prompt_text="a prompt longer than five"))
+    rows.append(TraceRow(0, 12, 1, prompt_text="short"))  # topped up from the pool
+    prompts = materialize(rows, pool, TOK, seed=0)
+    assert [len(p) for p in prompts] == [r.input_len for r in rows]
+    assert TOK.decode(prompts[4]) == "a pro" and TOK.decode(prompts[5]).startswith("short")
+    assert prompts == materialize(rows, pool, TOK, seed=0)
+    assert prompts[2] != materialize(rows, pool, TOK, seed=1)[2]
+    assert prompts[1][:4] != prompts[2][:4]  # distinct window starts: no accidental shared prefix
+
+
+def test_shared_hash_runs_share_exact_tokens():
+    rows = [TraceRow(0, 24, 1, hash_ids=[1, 2, 3]), TraceRow(0, 20, 1, hash_ids=[1, 2, 4]),
+            TraceRow(0, 16, 1, hash_ids=[5, 6]), TraceRow(0, 10, 1, hash_ids=[1, 7]),
+            TraceRow(0, 30, 1, hash_ids=[1])]  # hash ids run out: the rest is its own
+    p = materialize(rows, builtin_pool(), TOK, seed=0, block_tokens=8)
+    assert [len(x) for x in p] == [24, 20, 16, 10, 30]
+    assert p[0][:16] == p[1][:16] and p[0][16:20] != p[1][16:20]
+    assert p[0][:8] == p[3][:8] == p[4][:8] and p[0][8:10] != p[3][8:10]
+    assert p[2][:8] != p[0][:8]
+    assert prefix_groups(rows) == ["hash-1", "hash-1", None, "hash-1", "hash-1"]
+
+
+# --- workloads ---
+def test_builtin_is_deterministic_and_needs_no_data(tmp_path, monkeypatch):
+    monkeypatch.delenv("OPTLADDER_DATA", raising=False)
+    cfg = WorkloadConfig(num_requests=40, seed=5)
+    a = build_workload(cfg, TOK, max_model_len=512, data_root=str(tmp_path))
+    b = build_workload(WorkloadConfig(num_requests=40, seed=5), TOK, max_model_len=512, data_root=None)
+    assert requests_digest(a.requests) == requests_digest(b.requests)
+    c = build_workload(WorkloadConfig(num_requests=40, seed=6), TOK, max_model_len=512, data_root=None)
+    assert requests_digest(a.requests) != requests_digest(c.requests)
+    assert a.mode == "open" and a.source.startswith("builtin") and "builtin_text.txt" in a.source
+    assert [r.id for r in a.requests[:2]] == ["req-00000", "req-00001"]
+    for r in a.requests:
+        assert 32 <= r.input_len <= 384 and 8 <= r.output_len <= 96 and r.ignore_eos
+    times = [r.scheduled_at for r in a.requests]
+    assert times[0] == 0.0 and times == sorted(times)
+    assert a.stats["traffic/num_requests"] == 40 and a.stats["traffic/mean_rate_req_s"] > 0
+
+
+def test_builtin_fits_a_small_context():
+    w = build_workload(WorkloadConfig(num_requests=20), TOK, max_model_len=64, data_root=None)
+    assert all(r.input_len + r.output_len <= 64 for r in w.requests)
+    assert w.stats["traffic/changed_lengths"] > 0 and any("max_model_len=64" in m for m in w.warnings)
+
+
+def test_closed_mode_has_no_schedule():
+    w = build_workload(WorkloadConfig(arrival="closed", concurrency=3, num_requests=8), TOK, 512, None)
+    assert w.mode == "closed" and w.concurrency == 3
+    assert all(r.scheduled_at == 0.0 for r in w.requests)
+    assert w.stats["traffic/duration_s"] == 0.0
+
+
+def test_mooncake_workload_scales_blocks_and_shares_prefixes(tmp_path):
+    path = write_jsonl(tmp_path, "mc.jsonl", [
+        {"timestamp": 0, "input_length": 1024, "output_length": 4, "hash_ids": [1, 2]},
+        {"timestamp": 500, "input_length": 1500, "output_length": 5, "hash_ids": [1, 2, 3]},
+        {"timestamp": 1500, "input_length": 512, "output_length": 6, "hash_ids": [9]}])
+    cfg = WorkloadConfig(name="mooncake", path=path, num_requests=3, arrival="trace", block_tokens=16,
+                         time_scale=2.0, prompt_source="builtin")
+    w = build_workload(cfg, TOK, max_model_len=1024, data_root=None)
+    ids = [r.prompt_token_ids for r in w.requests]
+    assert [len(x) for x in ids] == [32, 47, 16]  # 1024, 1500, 512 tokens in blocks of 16, not 512
+    assert ids[0] == ids[1][:32] and ids[2][:16] != ids[0][:16]
+    assert [r.prefix_group for r in w.requests] == ["hash-1", "hash-1", None]
+    assert [r.scheduled_at for r in w.requests] == [0.0, 1.0, 3.0]
+    assert [r.output_len for r in w.requests] == [4, 5, 6]
+
+
+def test_jsonl_workload_with_text_and_reordered_rows(tmp_path):
+    path = write_jsonl(tmp_path, "log.jsonl", [
+        {"timestamp": 2.0, "prompt": "second prompt", "output_tokens": 3},
+        {"timestamp": 1.0, "prompt": "first", "output_tokens": 2},
+        {"timestamp": 4.0, "input_tokens": 30, "output_tokens": 1}])
+    w = build_workload(WorkloadConfig(name="jsonl", path=path, arrival="trace", num_requests=10),
+                       TOK, 512, None)
+    assert [TOK.decode(r.prompt_token_ids) for r in w.requests[:2]] == ["first", "second prompt"]
+    assert [r.scheduled_at for r in w.requests] == [0.0, 1.0, 3.0]
+    assert w.stats["traffic/reordered_rows"] == 1 and any("out of time order" in m for m in w.warnings)
+    assert any("asked for 10" in m for m in w.warnings)
+
+
+@pytest.mark.parametrize("sampling", ["stratified", "window", "head"])
+def test_trace_timing_keeps_the_trace_rate_for_every_sampling(tmp_path, sampling):
+    # 200 rows 0.1 s apart: 10 scattered rows of a stratified sample would be ~2 s apart, the trace's
+    # rate is 10 req/s, and a replay of it must keep that
+    path = write_jsonl(tmp_path, "t.jsonl", [{"timestamp": i / 10, "input_tokens": 5 + i % 17,
+                                              "output_tokens": 1 + i % 5} for i in range(200)])
+    cfg = WorkloadConfig(name="jsonl", path=path, num_requests=10, sampling=sampling, arrival="trace",
+                         time_scale=0.5)
+    w = build_workload(cfg, TOK, 512, None)
+    assert np.allclose(np.diff([r.scheduled_at for r in w.requests]), 0.05)
+    if sampling == "head":
+        assert [r.input_len for r in w.requests] == [5 + i for i in range(10)]
+
+
+def test_untimed_jsonl_cannot_replay_trace_timing(tmp_path):
+    path = write_jsonl(tmp_path, "log.jsonl", [{"input_tokens": 5, "output_tokens": 2}] * 3)
+    with pytest.raises(ValueError, match="no timestamps.*poisson, gamma or closed"):
+        build_workload(WorkloadConfig(name="jsonl", path=path, arrival="trace"), TOK, 512, None)
+
+
+@pytest.mark.parametrize("field, value, expect", [
+    ("name", "azure", "workload.name='azure'.*builtin, azure_conv, mooncake, jsonl, sharegpt"),
+    ("sampling", "random", "workload.sampling='random'.*stratified, window, head"),
+    ("arrival", "uniform", "workload.arrival='uniform'.*poisson, gamma, trace, closed"),
+    ("on_bad_row", "warn", "workload.on_bad_row='warn'.*error, skip"),
+    ("length_policy", "cut", "workload.length_policy='cut'.*clip, scale"),
+    ("prompt_source", "web", "workload.prompt_source='web'.*auto, sharegpt, builtin"),
+    ("num_requests", 0, "workload.num_requests must be an integer >= 1, got 0"),
+    ("concurrency", 0, "workload.concurrency must be an integer >= 1, got 0"),
+    ("block_tokens", 0, "workload.block_tokens must be"),
+    ("rate", 0.0, "workload.rate must be a number > 0, got 0.0"),
+    ("cv", -1.0, "workload.cv must be"),
+    ("time_scale", 0, "workload.time_scale must be"),
+    ("input_len_range", [10, 5], r"workload.input_len_range must be \[low, high\].*\[10, 5\]"),
+    ("output_len_range", [0, 5], "workload.output_len_range must be"),
+    ("arrival", "trace", "arrival=trace needs a timed trace.*'builtin'"),
+])
+def test_config_errors_name_field_value_and_valid_values(field, value, expect):
+    with pytest.raises(ValueError, match=expect):
+        WorkloadConfig(**{field: value})
+
+
+def test_trace_workloads_need_a_path_or_data():
+    with pytest.raises(ValueError, match="workload.path"):
+        WorkloadConfig(name="mooncake")
+    with pytest.raises(FileNotFoundError, match="data.root"):
+        build_workload(WorkloadConfig(name="azure_conv"), TOK, 512, data_root="/nonexistent-root")
+
+
+def test_azure_conv_500_keeps_the_distribution_and_lengths():
+    root = real_data_root()
+    if root is None:
+        pytest.skip("the data root has no Azure trace")
+    cfg = WorkloadConfig(name="azure_conv", num_requests=500, arrival="trace")
+    w = build_workload(cfg, TOK, max_model_len=16384, data_root=str(root))
+    assert len(w.requests) == 500 and w.stats["traffic/changed_lengths"] == 0
+    rows = load_trace("azure", AZURE_FILE, data_root=str(root)).rows
+    sampled = [rows[i] for i in stratified_sample(rows, 500, cfg.seed)]
+    assert [(r.input_len, r.output_len) for r in w.requests] == [
+        (s.input_len, s.output_len) for s in sampled]
+    assert w.stats["traffic/ks_input_len"] <= 0.05 and w.stats["traffic/ks_output_len"] <= 0.05
+    assert "sharegpt" in w.source  # prompt text from the data root when it has it
+    # a contiguous window's gaps: the trace's own rate (5.5 req/s overall), not 500 scattered rows'
+    assert 2.0 < w.stats["traffic/mean_rate_req_s"] < 12.0
+    small = build_workload(cfg, TOK, max_model_len=1024, data_root=str(root))
+    assert all(r.input_len + r.output_len <= 1024 for r in small.requests)
+    assert small.stats["traffic/changed_lengths"] > 0
+    assert [r.output_len for r in small.requests] == [min(r.output_len, 1023) for r in w.requests]
