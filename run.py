@@ -21,6 +21,33 @@ from experiments.schema import register
 
 register()
 log = logging.getLogger("optladder")
+_exit = [0]  # Hydra drops the task's return value; an A/B's verdict is the process's exit status
+
+
+ARM_KEYS = ("ab.control=", "ab.candidate=", "+ab.control=", "+ab.candidate=")
+
+
+def quote_arm_overrides(argv: list[str]) -> list[str]:
+    """Let `ab.candidate=[+opt=x,engine.dtype=bfloat16]` through Hydra's grammar, which wants each element
+    of such a list quoted: split at top-level commas and quote every element not quoted yet."""
+    out = []
+    for arg in argv:
+        key, _, value = arg.partition("=")
+        if not arg.startswith(ARM_KEYS) or not (value.startswith("[") and value.endswith("]")):
+            out.append(arg)
+            continue
+        items, depth, cur = [], 0, ""
+        for ch in value[1:-1]:
+            depth += (ch == "[") - (ch == "]")
+            if ch == "," and depth == 0:
+                items.append(cur)
+                cur = ""
+            else:
+                cur += ch
+        items = [i.strip() for i in [*items, cur] if i.strip()]
+        quoted = [i if i[0] in "'\"" else "'" + i + "'" for i in items]
+        out.append(f"{key}=[{','.join(quoted)}]")
+    return out
 
 
 @hydra.main(config_path="conf", config_name="config", version_base="1.3")
@@ -33,7 +60,8 @@ def main(cfg: DictConfig) -> int:
         from abtest.orchestrate import run_ab, run_ladder
 
         runner = run_ab if cfg.ab is not None else run_ladder
-        return runner(cfg, run_dir, overrides, choices)
+        _exit[0] = runner(cfg, run_dir, overrides, choices)
+        return _exit[0]
     from experiments.experiment import run_experiment
     from experiments.report import footer, results_table
 
@@ -45,5 +73,6 @@ def main(cfg: DictConfig) -> int:
 
 
 if __name__ == "__main__":
-    code = main()
-    sys.exit(code if isinstance(code, int) else 0)
+    sys.argv = quote_arm_overrides(sys.argv)
+    main()
+    sys.exit(_exit[0])

@@ -81,7 +81,7 @@ class Scheduler:
     def _schedule_dynamic(self) -> Batch | None:
         batch: list[Sequence] = []
         num_tokens = 0
-        while self.waiting and len(self.running) + len(batch) < self.cfg.max_num_seqs:
+        while self.waiting and len(self.running) < self.cfg.max_num_seqs:  # _admit adds to running
             seq = self.waiting[0]
             # the first sequence of a step is admitted whatever its length, so a long prompt never starves
             over_budget = batch and num_tokens + len(seq) > self.cfg.max_num_batched_tokens

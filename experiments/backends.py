@@ -28,16 +28,25 @@ class Backend(Protocol):
     def close(self) -> None: ...
 
 
+DRIVERS = ("inprocess", "locust")
+
+
 class ReferenceBackend:
     name = "reference"
 
-    def __init__(self, model_cfg: ModelConfig, engine_cfg: EngineConfig):
+    def __init__(self, model_cfg: ModelConfig, engine_cfg: EngineConfig, driver: str = "inprocess",
+                 request_timeout_s: float = 3600.0):
         from engine.llm_engine import LLMEngine
 
+        if driver not in DRIVERS:
+            raise ValueError(f"replay.driver={driver!r} is not one of {list(DRIVERS)}")
         self.engine = LLMEngine(model_cfg, engine_cfg)
         self.tokenizer = self.engine.tokenizer
         self.load_s, self.start_s = self.engine.load_s, self.engine.start_s
         self.max_model_len = engine_cfg.max_model_len
+        # locust: the same engine behind engine/server.py, replayed over HTTP from another process
+        self.driver, self.request_timeout_s = driver, request_timeout_s
+        self.model_name, self.host = model_cfg.name, engine_cfg.server.host
 
     @staticmethod
     def _replay_params(r: Request) -> SamplingParams:
@@ -51,7 +60,18 @@ class ReferenceBackend:
         self.engine.reset_stats()
 
     def replay(self, requests, cfg, on_record):
+        if self.driver == "locust":
+            return self._replay_http(requests, cfg, on_record)
         return InProcessDriver(self.engine, self._replay_params, on_record).replay(requests, cfg)
+
+    def _replay_http(self, requests, cfg, on_record):
+        from engine.server import serve
+        from traffic.http_driver import HttpReplayConfig, replay_http
+
+        hcfg = HttpReplayConfig(mode=cfg.mode, concurrency=cfg.concurrency, timeout_s=self.request_timeout_s,
+                                lateness_warn_ms=cfg.lateness_warn_ms, progress=cfg.progress)
+        with serve(self.engine, self.host, 0, model_name=self.model_name) as server:  # 0: any free port
+            return replay_http(requests, server.url, server.model, hcfg, on_record)
 
     def generate(self, prompts, max_new_tokens, progress=True):
         """Greedy, stopping at EOS; a prompt that leaves no room to answer gets '' (counted by the caller)."""
@@ -78,7 +98,8 @@ class ReferenceBackend:
         self.engine = None
 
 
-def make_backend(model_cfg: ModelConfig, engine_cfg: EngineConfig) -> Backend:
+def make_backend(model_cfg: ModelConfig, engine_cfg: EngineConfig, driver: str = "inprocess",
+                 request_timeout_s: float = 3600.0) -> Backend:
     if engine_cfg.name == "reference":
-        return ReferenceBackend(model_cfg, engine_cfg)
+        return ReferenceBackend(model_cfg, engine_cfg, driver, request_timeout_s)
     raise ValueError(f"engine.name={engine_cfg.name!r} is not available yet; valid: ['reference']")

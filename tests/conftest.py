@@ -1,0 +1,37 @@
+"""Shared fixtures: the real Hydra config, composed once per call with cheap settings forced, and a tracking
+database of its own for every test."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
+
+from experiments.schema import register
+
+ROOT = Path(__file__).resolve().parents[1]
+CONF = ROOT / "conf"
+CHEAP = ["model=tiny", "workload.num_requests=6", "workload.rate=20", "quality.num_prompts=3",
+         "quality.max_new_tokens=8", "replay.progress=false", "replay.warmup_requests=1",
+         "engine.kv_cache_gb=0.05", "engine.max_model_len=1024", "tracking.system_metrics=false"]
+
+
+def data_root() -> str | None:
+    for d in (os.environ.get("OPTLADDER_DATA"), ROOT.parent / "shared" / "data", "/work/shared/data"):
+        if d and Path(d).is_dir():
+            return str(d)
+    return None
+
+
+def compose_config(overrides: list[str] | None = None, cheap: bool = True):
+    register()
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        return compose("config", overrides=(CHEAP if cheap else []) + list(overrides or []))
+
+
+@pytest.fixture
+def tracking_uri(tmp_path: Path) -> str:
+    return f"sqlite:///{tmp_path / 'mlflow.db'}"

@@ -1,0 +1,58 @@
+"""run.py as a user runs it: a real Hydra multirun and real A/Bs, as subprocesses."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import mlflow
+from mlflow.tracking import MlflowClient
+
+ROOT = Path(__file__).resolve().parents[1]
+FAST = ["model=tiny", "replay.progress=false", "engine.kv_cache_gb=0.05", "engine.max_model_len=1024",
+        "tracking.system_metrics=false", "quality.max_new_tokens=8", "workload.rate=20"]
+
+
+def run(args: list[str], tmp: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "OPTLADDER_CACHE": str(ROOT / ".cache")}
+    return subprocess.run([sys.executable, "run.py", *args], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=900)
+
+
+def test_multirun_makes_one_parent_and_a_child_per_job(tmp_path):
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    p = run(["-m", "seed=1,2", "workload.num_requests=8", "quality.num_prompts=4", f"tracking.uri={uri}",
+             f"hydra.sweep.dir={tmp_path / 'sweep'}", *FAST], tmp_path)
+    assert p.returncode == 0, p.stderr[-3000:]
+    mlflow.set_tracking_uri(uri)
+    client = MlflowClient()
+    exp = client.get_experiment_by_name("optladder")
+    runs = client.search_runs([exp.experiment_id])
+    parents = [r for r in runs if "mlflow.parentRunId" not in r.data.tags]
+    children = [r for r in runs if "mlflow.parentRunId" in r.data.tags]
+    assert len(parents) == 1 and len(children) == 2
+    assert {c.data.tags["mlflow.parentRunId"] for c in children} == {parents[0].info.run_id}
+    assert {c.data.params["seed"] for c in children} == {"1", "2"}
+    assert parents[0].info.status == "FINISHED"
+    for job in ("0", "1"):
+        assert (tmp_path / "sweep" / job / "summary.json").exists()
+
+
+def test_ab_lossless_candidate_matches_control_and_writes_a_verdict(tmp_path):
+    out = tmp_path / "ab"
+    p = run(["+ab=batched_decode", "workload.num_requests=12", "quality.num_prompts=12", "tracking.enabled=false",
+             f"hydra.run.dir={out}", "ab.registry_dir=" + str(tmp_path / "reg"), *FAST], tmp_path)
+    v = json.loads((out / "verdict.json").read_text())
+    assert p.returncode == v["exit_code"] and v["status"] in ("pass", "fail", "inconclusive")
+    assert v["candidate_lossless"] is True
+    em = [g for g in v["gates"] if g["metric"] == "quality/exact_match_vs_control"]
+    assert em and em[0]["status"] == "pass" and em[0]["candidate"] == 1.0
+    assert (out / "review.html").exists()
+    assert (out / "rollout_plan.json").exists() == (v["status"] == "pass")
+
+
+def test_ab_with_different_traffic_is_refused(tmp_path):
+    p = run(["+ab=batched_decode", "ab.candidate=[+opt=batched_decode,workload.seed=9]", "workload.num_requests=4",
+             "quality.num_prompts=2", "tracking.enabled=false", f"hydra.run.dir={tmp_path / 'ab'}", *FAST], tmp_path)
+    assert p.returncode != 0
+    assert "identical traffic" in p.stderr and "requests_digest" in p.stderr

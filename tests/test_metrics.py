@@ -1,0 +1,70 @@
+"""The metric definitions of DESIGN.md, checked on records with hand-computed answers."""
+import math
+
+import pytest
+
+from traffic.metrics import SLO, compute_metrics, summarize
+from traffic.request import RequestRecord
+
+
+def rec(id, sched, sent, tokens, ok=True):
+    r = RequestRecord(id, sched, input_tokens=10, requested_output_tokens=len(tokens), sent_at=sent)
+    r.token_times = list(tokens)
+    r.first_token_at = tokens[0] if tokens else None
+    r.finished_at = tokens[-1] if tokens else None
+    r.output_tokens = len(tokens)
+    r.ok = ok
+    return r
+
+
+def test_ttft_tpot_e2e_itl_lateness_by_hand():
+    # sent at 1.0, tokens at 1.5, 1.7, 2.0: TTFT 0.5, E2E 1.0, TPOT (1.0-0.5)/2 = 0.25, ITL 0.2 and 0.3
+    r = rec("a", sched=0.9, sent=1.0, tokens=[1.5, 1.7, 2.0])
+    assert r.ttft == pytest.approx(0.5)
+    assert r.e2e == pytest.approx(1.0)
+    assert r.tpot == pytest.approx(0.25)
+    assert r.itls == pytest.approx([0.2, 0.3])
+    assert r.lateness == pytest.approx(0.1)
+
+
+def test_tpot_needs_two_tokens():
+    assert rec("a", 0, 0, [0.5]).tpot is None
+
+
+def test_compute_metrics_by_hand():
+    recs = [rec("a", 0.0, 0.0, [1.0, 2.0]),        # ttft 1, e2e 2, tpot 1
+            rec("b", 1.0, 1.5, [2.5, 3.0, 3.5]),   # ttft 1, e2e 2, tpot 0.5, lateness 0.5
+            rec("c", 2.0, 2.0, [6.0, 7.0]),         # ttft 4, e2e 5 (misses a 3 s SLO), tpot 1
+            rec("d", 3.0, 3.0, [], ok=False)]
+    m = compute_metrics(recs, SLO(e2e_s=3.0))
+    assert m["perf/requests_ok"] == 3 and m["perf/requests_failed"] == 1
+    assert m["perf/ttft_ms_mean"] == pytest.approx(2000.0)
+    assert m["perf/ttft_ms_p50"] == pytest.approx(1000.0)
+    assert m["perf/e2e_ms_p50"] == pytest.approx(2000.0)
+    assert m["perf/tpot_ms_mean"] == pytest.approx((1000 + 500 + 1000) / 3)
+    # ITL pooled: 1.0, 0.5, 0.5, 1.0 -> mean 750 ms
+    assert m["perf/itl_ms_mean"] == pytest.approx(750.0)
+    # makespan: first sent 0.0 to last finished 7.0; 3 ok requests, 7 output tokens, 2 within the SLO
+    assert m["perf/throughput_req_s"] == pytest.approx(3 / 7)
+    assert m["perf/throughput_out_tok_s"] == pytest.approx(7 / 7)
+    assert m["perf/goodput_req_s"] == pytest.approx(2 / 7)
+    # lateness over the sent requests: 0, 0.5, 0, 0 -> p50 0
+    assert m["perf/lateness_ms_p50"] == pytest.approx(0.0)
+
+
+def test_percentiles_linear_interpolation():
+    s = summarize([0.001 * i for i in range(1, 101)], "x")  # 1..100 ms
+    assert s["x_ms_p50"] == pytest.approx(50.5)
+    assert s["x_ms_p99"] == pytest.approx(99.01)
+    assert s["x_ms_p999"] == pytest.approx(99.901)
+    assert s["x_ms_mean"] == pytest.approx(50.5)
+
+
+def test_slo_rejects_nonpositive():
+    with pytest.raises(ValueError, match="e2e_s"):
+        SLO(e2e_s=0)
+
+
+def test_no_records_no_throughput():
+    m = compute_metrics([])
+    assert m["perf/requests_ok"] == 0 and "perf/throughput_req_s" not in m and not math.isnan(m["perf/makespan_s"])
