@@ -171,3 +171,16 @@ def test_promote_and_rollback(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="nothing to roll back to"):
         rollback(reg)
     assert len((reg / "history.jsonl").read_text().splitlines()) == 3  # the audit trail keeps all
+
+
+def test_rollback_cli_restores_the_previous_promotion(tmp_path, capsys):
+    from abtest.rollback import main as rollback_main
+    from abtest.rollout import current, promote
+
+    promote(tmp_path, {"overrides": ["+opt=paged_kv"]}, "run-1", "paged_kv")
+    promote(tmp_path, {"overrides": ["+opt=[paged_kv,flash_attn]"]}, "run-2", "flash_attn")
+    assert rollback_main(["--registry", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "run-1" in out and "python run.py '+opt=paged_kv'" in out
+    assert current(tmp_path)["run_id"] == "run-1"
+    assert rollback_main(["--registry", str(tmp_path)]) == 1  # nothing left to roll back to
