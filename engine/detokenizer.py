@@ -49,8 +49,9 @@ class Detokenizer:
 
     @staticmethod
     def _advance(seq: Sequence, prefix_text: str, full_text: str) -> str:
-        # a partial UTF-8 character decodes to U+FFFD: wait for the next token before emitting it
-        if len(full_text) <= len(prefix_text) or full_text.endswith("\ufffd"):
+        # a partial UTF-8 character decodes to U+FFFD: wait for the next token before emitting it, unless
+        # no token will come, so the streamed text always ends equal to decode(output ids)
+        if len(full_text) <= len(prefix_text) or (full_text.endswith("\ufffd") and not seq.is_finished):
             return ""
         delta = full_text[len(prefix_text):]
         seq.prefix_offset, seq.read_offset = seq.read_offset, len(seq.token_ids)

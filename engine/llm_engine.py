@@ -59,8 +59,7 @@ class LLMEngine:
         self.bytes_per_token = kv_bytes_per_token(self.model, self.dtype)
         num_blocks = self._num_blocks()
         self.block_manager = BlockManager(num_blocks, self.block_size, enable_prefix_cache=cfg.prefix_cache)
-        self.runner = ModelRunner(self.model, self.device, self.dtype, num_blocks, self.block_size,
-                                  cfg.flash_attn, cfg.paged_kv)
+        self.runner = ModelRunner(self.model, self.device, self.dtype, num_blocks, self.block_size, cfg)
         eos = self.tokenizer.eos_token_id
         self.scheduler = Scheduler(SchedulerConfig(
             dynamic_batching=cfg.dynamic_batching, batch_size=cfg.batch_size,
@@ -163,6 +162,11 @@ class LLMEngine:
         self.timers.reset()
         self.kv_timeline.reset()
         self._peak_rss = 0
+        # the counters too: a warm-up's preemptions, prefix hits and batch sizes are not the replay's
+        sched, bm, det = self.scheduler, self.block_manager, self.detokenizer
+        sched.num_preemptions, sched.batch_sizes_seen = 0, {}
+        bm.blocks_allocated_total = bm.prefix_queries = bm.prefix_hits = 0
+        det.host_copies = det.decode_calls = 0
         if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)
 
@@ -196,7 +200,7 @@ class LLMEngine:
                                  "preemptions": sched.num_preemptions},
             "batched_decode": {"on": cfg.batched_decode, "host_copies_per_step": det.host_copies / steps,
                                "decode_calls_per_step": det.decode_calls / steps},
-            "cuda_graphs": {"on": False, "reason": "not captured" if not cfg.cuda_graphs else "unsupported"},
+            "cuda_graphs": self.runner.graphs.evidence() if self.runner.graphs else {"on": False},
             "prefix_cache": {"on": cfg.prefix_cache, "hits": bm.prefix_hits, "queries": bm.prefix_queries},
         }
 

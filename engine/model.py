@@ -3,6 +3,11 @@
 Weights load from Hugging Face safetensors (q/k/v and gate/up fused at load time), or are drawn at
 random on the device for tests and speed work. Attention is delegated to the backend chosen in
 engine/attention.py, the one place `flash_attn` is read.
+
+`forward(..., fused=True)` runs the same layers through the fused Triton kernels of
+engine/kernels/fused.py (6 small kernels a layer instead of ~30), and with skinny=True the linear
+layers through engine/kernels/gemv.py (SiLU·mul folded in: 5): the decode step that cuda_graphs captures (engine/cuda_graphs.py).
+It needs Triton, so a CUDA device or Triton's interpreter.
 """
 from __future__ import annotations
 
@@ -102,6 +107,27 @@ class DecoderLayer(nn.Module):
         gate, up = self.gate_up_proj(self.post_attention_layernorm(x)).chunk(2, dim=-1)
         return x + self.down_proj(nn.functional.silu(gate) * up)
 
+    def forward_fused(self, x, residual, positions, meta: AttnMeta, rotary: Rotary, attn, skinny: bool):
+        """The same layer with fused element-wise kernels; the residual add of each sub-layer is done
+        inside the next RMSNorm, so this returns (the MLP output, the residual stream before it).
+        skinny: the linear layers through engine/kernels/gemv.py (SiLU·mul in the gate/up product)."""
+        from engine.kernels import fused
+        from engine.kernels.gemv import decode_linear
+
+        def linear(mod: nn.Linear, h, silu_mul=False):
+            if skinny:
+                return decode_linear(h, mod.weight, silu_mul)
+            return fused.silu_mul(mod(h)) if silu_mul else mod(h)
+
+        t = x.shape[0]
+        h, residual = fused.add_rmsnorm(x, residual, self.input_layernorm.weight, self.input_layernorm.eps)
+        q = fused.rope_store_kv(linear(self.qkv_proj, h), positions, rotary.cos, rotary.sin, meta.slot_mapping,
+                                self.k_cache, self.v_cache, self.nh, self.nkv, self.hd)
+        o = attn.decode(q, meta, self.k_cache, self.v_cache)
+        h, residual = fused.add_rmsnorm(linear(self.o_proj, o.reshape(t, self.nh * self.hd)), residual,
+                                        self.post_attention_layernorm.weight, self.post_attention_layernorm.eps)
+        return linear(self.down_proj, linear(self.gate_up_proj, h, silu_mul=True)), residual
+
 
 class LlamaModel(nn.Module):
     def __init__(self, shape: LlamaShape):
@@ -117,11 +143,26 @@ class LlamaModel(nn.Module):
         self.attn = None  # the attention backend, set by the runner
 
     @torch.inference_mode()
-    def forward(self, input_ids, positions, meta: AttnMeta, logits_indices) -> torch.Tensor:
-        """input_ids/positions [T] -> float32 logits [len(logits_indices), vocab]."""
+    def forward(self, input_ids, positions, meta: AttnMeta, logits_indices, attn=None,
+                fused: bool = False, skinny: bool = False) -> torch.Tensor:
+        """input_ids/positions [T] -> float32 logits [len(logits_indices), vocab].
+        attn: an attention backend other than self.attn (the graph-safe decode of engine/cuda_graphs.py);
+        fused: decode only (meta.is_prefill False), through the fused kernels; skinny: and the linear
+        layers through the skinny-GEMM kernel."""
+        attn = attn or self.attn
         x = self.embed_tokens(input_ids)
+        if fused:
+            assert not meta.is_prefill, "the fused path is for decode steps"
+            from engine.kernels.fused import add_rmsnorm
+            from engine.kernels.gemv import decode_linear
+
+            residual = None
+            for layer in self.layers:
+                x, residual = layer.forward_fused(x, residual, positions, meta, self.rotary, attn, skinny)
+            x = add_rmsnorm(x, residual, self.norm.weight, self.norm.eps)[0][logits_indices]
+            return (decode_linear(x, self.lm_head.weight) if skinny else self.lm_head(x)).float()
         for layer in self.layers:
-            x = layer(x, positions, meta, self.rotary, self.attn)
+            x = layer(x, positions, meta, self.rotary, attn)
         return self.lm_head(self.norm(x[logits_indices])).float()
 
     def load_hf_state_dict(self, sd: dict[str, torch.Tensor]) -> None:

@@ -1,10 +1,12 @@
 """The only part of the engine that touches the device each step: KV cache tensors, input preparation,
-the forward pass and sampling."""
+the forward pass and sampling. `cuda_graphs` is read here, once: decode steps then replay captured graphs
+(engine/cuda_graphs.py) and fall back to the eager forward only for a batch above the largest bucket."""
 from __future__ import annotations
 
 import torch
 
 from engine.attention import AttnMeta, make_backend
+from engine.config import EngineConfig
 from engine.model import LlamaModel
 from engine.sequence import SamplingParams, Sequence
 
@@ -16,22 +18,32 @@ def kv_bytes_per_token(model: LlamaModel, dtype: torch.dtype) -> int:
 
 class ModelRunner:
     def __init__(self, model: LlamaModel, device: torch.device, dtype: torch.dtype, num_blocks: int,
-                 block_size: int, flash_attn: bool, paged: bool):
+                 block_size: int, cfg: EngineConfig):
         self.model, self.device, self.dtype = model, device, dtype
         self.block_size = block_size
         s = model.shape
+        # under graphs one block more than the block manager knows: the padding rows' dummy slot
+        pool_blocks = num_blocks + 1 if cfg.cuda_graphs else num_blocks
         for layer in model.layers:
             # zeros, not empty: masked-out slots are multiplied by 0 in attention, and 0 * NaN is NaN
-            layer.k_cache = torch.zeros(num_blocks, block_size, s.num_key_value_heads, s.head_dim,
+            layer.k_cache = torch.zeros(pool_blocks, block_size, s.num_key_value_heads, s.head_dim,
                                         dtype=dtype, device=device)
             layer.v_cache = torch.zeros_like(layer.k_cache)
-        model.attn = make_backend(flash_attn, device, paged)
+        model.attn = make_backend(cfg.flash_attn, device, cfg.paged_kv)
         self.generators: dict[int, torch.Generator] = {}
+        self.graphs = None
+        if cfg.cuda_graphs:
+            from engine.cuda_graphs import CUDAGraphRunner
+
+            self.graphs = CUDAGraphRunner(model, device, max(cfg.batch_size, cfg.max_num_seqs),
+                                          cfg.max_model_len, block_size, dummy_block=num_blocks)
 
     @property
     def attention_backend(self) -> str:
+        """The prefill backend, then the decode one; graph-replayed decode names its own kernel."""
         attn = self.model.attn
-        return attn.name if not hasattr(attn, "decode_backend") else f"{attn.name}+{attn.decode_backend}"
+        name = attn.name if not hasattr(attn, "decode_backend") else f"{attn.name}+{attn.decode_backend}"
+        return name if self.graphs is None else f"{name} (graph decode: {self.graphs.attn.name})"
 
     def _slot(self, seq: Sequence, pos: int) -> int:
         return seq.block_table[pos // self.block_size] * self.block_size + pos % self.block_size
@@ -55,16 +67,26 @@ class ModelRunner:
         last = torch.tensor(q_lens, device=self.device).cumsum(0) - 1
         return t(ids), t(pos), meta, last
 
-    def prepare_decode(self, seqs: list[Sequence]):
+    def _decode_inputs(self, seqs: list[Sequence]):
         ids = [s.last_token for s in seqs]
         pos = [len(s) - 1 for s in seqs]
         slots = [self._slot(s, p) for s, p in zip(seqs, pos)]
-        ctx = [len(s) for s in seqs]
+        return ids, pos, slots, [len(s) for s in seqs]
+
+    def prepare_decode(self, seqs: list[Sequence]):
+        ids, pos, slots, ctx = self._decode_inputs(seqs)
         t = lambda x: torch.tensor(x, dtype=torch.long, device=self.device)  # noqa: E731
         meta = AttnMeta(False, t(slots), self._block_tables(seqs), t(ctx).to(torch.int32), max(ctx))
         return t(ids), t(pos), meta, torch.arange(len(seqs), device=self.device)
 
     def forward(self, seqs: list[Sequence], is_prefill: bool) -> torch.Tensor:
+        if not is_prefill and self.graphs is not None:
+            width = max(len(s.block_table) for s in seqs)
+            tables = torch.tensor([s.block_table + [0] * (width - len(s.block_table)) for s in seqs],
+                                  dtype=torch.int32)
+            logits = self.graphs.run(*self._decode_inputs(seqs), tables)
+            if logits is not None:
+                return logits
         prep = self.prepare_prefill(seqs) if is_prefill else self.prepare_decode(seqs)
         return self.model(*prep)
 

@@ -39,9 +39,16 @@ def validate_engine(cfg: EngineConfig, device_type: str) -> None:
 
 
 def validate_head_dim(cfg: EngineConfig, device_type: str, head_dim: int) -> None:
-    if cfg.flash_attn and device_type == "cuda" and (head_dim > 256 or head_dim % 8):
-        raise ValueError(f"opt flash_attn: head_dim {head_dim} is not supported by the flash kernel "
-                         "(a multiple of 8, at most 256): drop +opt=flash_attn for this model")
+    """The kernels of the GPU opts take head dims that are multiples of 8 up to 256: PyTorch's flash
+    kernel (flash_attn prefill), and the project's Triton paged-decode kernel (flash_attn decode over
+    the paged cache, and every graph-captured decode step: engine/cuda_graphs.py says why)."""
+    if device_type != "cuda" or (head_dim <= 256 and head_dim % 8 == 0):
+        return
+    for opt, kernel in (("flash_attn", "the flash and Triton paged-decode kernels"),
+                        ("cuda_graphs", "the Triton paged-decode kernel that graph-captured decode runs")):
+        if getattr(cfg, opt):
+            raise ValueError(f"opt {opt}: head_dim {head_dim} is not supported by {kernel} (a multiple of 8, "
+                             f"at most 256): drop +opt={opt} for this model")
 
 
 def _one_of(field: str, value, valid) -> None:

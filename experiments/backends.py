@@ -3,11 +3,12 @@ memory, stage timings and which opts were really in effect. One class per engine
 """
 from __future__ import annotations
 
+import time
 from typing import Callable, Protocol
 
 from tqdm import tqdm
 
-from engine.config import EngineConfig, ModelConfig
+from engine.config import ENGINES, EngineConfig, ModelConfig
 from engine.sequence import SamplingParams
 from traffic.replay import InProcessDriver, ReplayConfig
 from traffic.request import Request, RequestRecord
@@ -98,8 +99,130 @@ class ReferenceBackend:
         self.engine = None
 
 
+class HFBackend:
+    """transformers in this process (engine/adapters/hf.py), replayed by the same in-process driver."""
+
+    name = "hf"
+
+    def __init__(self, model_cfg: ModelConfig, engine_cfg: EngineConfig, driver: str = "inprocess"):
+        from engine.adapters.hf import HFEngine
+
+        if driver != "inprocess":
+            raise ValueError(f"replay.driver={driver!r}: engine=hf runs in this process and has no server; "
+                             "valid: ['inprocess']")
+        self.engine = HFEngine(model_cfg, engine_cfg)
+        self.tokenizer = self.engine.tokenizer
+        self.load_s, self.start_s = self.engine.load_s, self.engine.start_s
+
+    def warmup(self, requests: list[Request]) -> None:
+        if requests:
+            self.engine.generate([r.prompt_token_ids for r in requests], 4)
+        self.engine.reset_stats()
+
+    def replay(self, requests, cfg, on_record):
+        return InProcessDriver(self.engine, ReferenceBackend._replay_params, on_record).replay(requests, cfg)
+
+    def generate(self, prompts, max_new_tokens, progress=True):
+        with tqdm(total=len(prompts), desc="quality", unit="prompt", disable=not progress) as bar:
+            return self.engine.generate(prompts, max_new_tokens, progress=bar)
+
+    def metrics(self):
+        return self.engine.memory_metrics()
+
+    def opts_effective(self):
+        return self.engine.opts_effective()
+
+    def close(self) -> None:
+        self.engine.close()
+
+
+class _HttpBackend:
+    """An engine behind an OpenAI-compatible endpoint: replayed by the locust driver whatever replay.driver
+    says (there is no in-process path), quality over /v1/completions with our chat template's token ids."""
+
+    def __init__(self, model_cfg: ModelConfig, engine_cfg: EngineConfig, request_timeout_s: float):
+        from engine.loader import load_tokenizer
+
+        t0 = time.perf_counter()
+        self.tokenizer = load_tokenizer(model_cfg)
+        self.load_s = time.perf_counter() - t0
+        self.request_timeout_s = request_timeout_s
+        self.concurrency = engine_cfg.max_num_seqs  # quality requests in flight: as many as the server batches
+        self.api_key = engine_cfg.server.api_key
+        self._metrics: dict[str, float] = {}
+
+    def warmup(self, requests: list[Request]) -> None:
+        if requests:
+            self.server.generate([r.prompt_token_ids for r in requests], 4, self.concurrency, progress=False)
+
+    def _replay(self, requests, cfg, on_record):
+        from traffic.http_driver import HttpReplayConfig, replay_http
+
+        hcfg = HttpReplayConfig(mode=cfg.mode, concurrency=cfg.concurrency, timeout_s=self.request_timeout_s,
+                                lateness_warn_ms=cfg.lateness_warn_ms, progress=cfg.progress,
+                                api_key=self.api_key)
+        return replay_http(requests, self.server.url, self.server.model, hcfg, on_record)
+
+    def replay(self, requests, cfg, on_record):
+        return self._replay(requests, cfg, on_record)
+
+    def generate(self, prompts, max_new_tokens, progress=True):
+        return self.server.generate(prompts, max_new_tokens, concurrency=self.concurrency, progress=progress)
+
+    def metrics(self):
+        return dict(self._metrics)
+
+    def opts_effective(self):
+        return self.server.opts_effective()
+
+
+class VLLMBackend(_HttpBackend):
+    """`vllm serve` started for this run and stopped with it (engine/adapters/vllm.py)."""
+
+    name = "vllm"
+
+    def __init__(self, model_cfg: ModelConfig, engine_cfg: EngineConfig, request_timeout_s: float = 3600.0):
+        from engine.adapters.vllm import VLLMServer
+
+        super().__init__(model_cfg, engine_cfg, request_timeout_s)
+        self.server = VLLMServer(model_cfg, engine_cfg)
+        self.start_s = self.server.start_s
+
+    def replay(self, requests, cfg, on_record):
+        with self.server.measure() as probe:  # vLLM's own counters, before and after, and its KV gauge during
+            records = self._replay(requests, cfg, on_record)
+        self._metrics = probe.metrics
+        return records
+
+    def close(self) -> None:
+        self.server.close()
+
+
+class OpenAIBackend(_HttpBackend):
+    """Any OpenAI-compatible endpoint (engine/adapters/openai.py); its opts are metadata only."""
+
+    name = "openai"
+
+    def __init__(self, model_cfg: ModelConfig, engine_cfg: EngineConfig, request_timeout_s: float = 3600.0):
+        from engine.adapters.openai import OpenAIEndpoint
+
+        super().__init__(model_cfg, engine_cfg, request_timeout_s)
+        self.server = OpenAIEndpoint(model_cfg, engine_cfg)
+        self.start_s = self.server.start_s
+
+    def close(self) -> None:
+        pass  # not ours to stop
+
+
 def make_backend(model_cfg: ModelConfig, engine_cfg: EngineConfig, driver: str = "inprocess",
                  request_timeout_s: float = 3600.0) -> Backend:
-    if engine_cfg.name == "reference":
+    name = engine_cfg.name
+    if name == "reference":
         return ReferenceBackend(model_cfg, engine_cfg, driver, request_timeout_s)
-    raise ValueError(f"engine.name={engine_cfg.name!r} is not available yet; valid: ['reference']")
+    if name == "hf":
+        return HFBackend(model_cfg, engine_cfg, driver)
+    if name == "vllm":
+        return VLLMBackend(model_cfg, engine_cfg, request_timeout_s)
+    if name == "openai":
+        return OpenAIBackend(model_cfg, engine_cfg, request_timeout_s)
+    raise ValueError(f"engine.name={name!r} is not one of {list(ENGINES)}")

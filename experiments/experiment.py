@@ -84,8 +84,16 @@ def _default_name(conf, opts: list[str]) -> str:
 
 def _run(conf, run_dir: Path, snapshot: dict, tracker: Tracker, opts: list[str],
          with_quality: bool) -> ExperimentResult:
-    data_root = conf.data.root
     backend = make_backend(conf.model, conf.engine, conf.replay.driver, conf.replay.request_timeout_s)
+    try:  # a server-backed engine (vLLM) must stop on every exit path, not only at process exit
+        return _measure(conf, backend, run_dir, snapshot, tracker, opts, with_quality)
+    finally:
+        backend.close()
+
+
+def _measure(conf, backend, run_dir: Path, snapshot: dict, tracker: Tracker, opts: list[str],
+             with_quality: bool) -> ExperimentResult:
+    data_root = conf.data.root
     metrics: dict[str, float] = {"perf/load_s": backend.load_s, "perf/start_s": backend.start_s}
     workload = build_workload(conf.workload, backend.tokenizer, conf.engine.max_model_len, data_root)
     for w in workload.warnings:
@@ -127,7 +135,6 @@ def _run(conf, run_dir: Path, snapshot: dict, tracker: Tracker, opts: list[str],
         "verdict": None,
     }
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
-    backend.close()
     return ExperimentResult(tracker.run_id, run_dir, metrics, records, outputs, per_prompt,
                             snapshot["requests_digest"], pdigest, summary["opts_effective"], opts, snapshot)
 

@@ -93,7 +93,10 @@ class InProcessDriver:
 
     def _send_now(self, r: Request) -> None:
         now = time.monotonic()
-        self.records[r.id].sent_at = now - self.t0
+        rec = self.records[r.id]
+        if self._closed:  # closed loop: a request is due the moment a slot frees, which is now
+            rec.scheduled_at = now - self.t0
+        rec.sent_at = now - self.t0
         self.inbox.put((r, now))
 
     # --- the engine loop ---

@@ -1,0 +1,178 @@
+"""Decode attention over the paged KV cache, in Triton: one query token per sequence.
+
+q [B, H, D], k_cache/v_cache [num_blocks, block_size, KVH, D], block_tables [B, max_blocks] int32,
+context_lens [B] (tokens in the cache, the new one included) -> out [B, H, D].
+
+- GQA: one program serves one KV head and its whole query group (H // KVH heads), so each K/V tile is
+  read once for the group; the group is padded to 16 rows for the tensor-core dot.
+- online softmax in float32 (base 2), probabilities cast to the cache dtype for the ·V dot, as flash does.
+- split-K (flash-decoding): when B × KVH programs would leave the multiprocessors idle, the context is cut
+  into `num_splits` ranges, each reduced to (m, l, acc) partials, then merged by a second kernel.
+- CUDA-graph capturable: no host sync; the split count depends only on the shapes (batch, heads and the
+  block table's width × block_size, the longest context the table can hold), context_lens is read on the
+  device. The contiguous cache is the case block_size = max_model_len with tables of width 1.
+Head dims: multiples of 8 up to 256 (engine/validation.py refuses the others before anything loads).
+"""
+from __future__ import annotations
+
+import functools
+
+import torch
+import triton
+import triton.language as tl
+
+from engine.kernels.reduce import row_max, row_sum
+
+MAX_HEAD_DIM = 256
+MIN_TOKENS_PER_SPLIT = 128  # below this a split's fixed cost outweighs the parallelism it adds (H200)
+MAX_SPLITS = 32
+
+
+def head_dim_supported(head_dim: int) -> bool:
+    return 8 <= head_dim <= MAX_HEAD_DIM and head_dim % 8 == 0
+
+
+@functools.lru_cache(maxsize=None)
+def _num_sms(device_index: int | None) -> int:
+    if device_index is None:  # CPU tensors: Triton's interpreter
+        return 8
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+def num_splits(batch: int, kv_heads: int, max_len: int, num_sms: int) -> int:
+    """Splits per (sequence, KV head) so that about two waves of programs fill the chip; 1 when the
+    batch alone fills it. max_len is an upper bound of the context from the shapes, never from data."""
+    programs = batch * kv_heads
+    if programs >= num_sms:
+        return 1
+    want = triton.cdiv(2 * num_sms, programs)
+    return max(1, min(want, triton.cdiv(max_len, MIN_TOKENS_PER_SPLIT), MAX_SPLITS))
+
+
+@triton.jit
+def _split_kernel(Q, K, V, BT, CTX, O, M, L,
+                  sm_scale, num_splits,
+                  stride_qb, stride_qh, stride_kn, stride_ks, stride_kh, stride_bt,
+                  stride_ob, stride_oh, stride_os,
+                  BLOCK_SIZE: tl.constexpr, GROUP: tl.constexpr, G_PAD: tl.constexpr,
+                  D: tl.constexpr, D_PAD: tl.constexpr, BLOCK_N: tl.constexpr,
+                  DIRECT: tl.constexpr, F32_DOT: tl.constexpr):
+    b = tl.program_id(0)
+    kvh = tl.program_id(1)
+    split = tl.program_id(2)
+    ctx = tl.load(CTX + b).to(tl.int32)
+    per_split = ((ctx + num_splits - 1) // num_splits + BLOCK_N - 1) // BLOCK_N * BLOCK_N
+    start = split * per_split
+    end = tl.minimum(start + per_split, ctx)
+
+    g = tl.arange(0, G_PAD)
+    d = tl.arange(0, D_PAD)
+    g_ok = g < GROUP
+    d_ok = d < D
+    head = kvh * GROUP + g
+    q = tl.load(Q + b * stride_qb + head[:, None] * stride_qh + d[None, :],
+                mask=g_ok[:, None] & d_ok[None, :], other=0.0)
+    if F32_DOT:
+        q = q.to(tl.float32)
+    qk_scale = sm_scale * 1.4426950408889634  # softmax in base 2
+
+    m_i = tl.full([G_PAD], float("-inf"), tl.float32)
+    l_i = tl.full([G_PAD], 0.0, tl.float32)
+    acc = tl.full([G_PAD, D_PAD], 0.0, tl.float32)
+    for n0 in range(start, end, BLOCK_N):
+        pos = n0 + tl.arange(0, BLOCK_N)
+        ok = pos < end
+        block = tl.load(BT + b * stride_bt + pos // BLOCK_SIZE, mask=ok, other=0).to(tl.int64)
+        off = block * stride_kn + (pos % BLOCK_SIZE).to(tl.int64) * stride_ks + kvh * stride_kh
+        kv_mask = ok[:, None] & d_ok[None, :]
+        k = tl.load(K + off[:, None] + d[None, :], mask=kv_mask, other=0.0)
+        if F32_DOT:
+            s = tl.dot(q, tl.trans(k.to(tl.float32)), input_precision="ieee")
+        else:
+            s = tl.dot(q, tl.trans(k))
+        s = tl.where(ok[None, :], s * qk_scale, float("-inf"))
+        m_new = tl.maximum(m_i, row_max(s, 1))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(s - m_new[:, None])
+        l_i = l_i * alpha + row_sum(p, 1)
+        v = tl.load(V + off[:, None] + d[None, :], mask=kv_mask, other=0.0)
+        if F32_DOT:
+            acc = acc * alpha[:, None] + tl.dot(p, v.to(tl.float32), input_precision="ieee")
+        else:
+            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+        m_i = m_new
+
+    o_ptr = O + b * stride_ob + head[:, None] * stride_oh + d[None, :]
+    if DIRECT:  # one split: normalise and write the output; an empty context gives zeros, never NaN
+        out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+        tl.store(o_ptr, out.to(O.dtype.element_ty), mask=g_ok[:, None] & d_ok[None, :])
+    else:
+        tl.store(o_ptr + split * stride_os, acc, mask=g_ok[:, None] & d_ok[None, :])
+        ml_off = (b * tl.num_programs(1) * GROUP + head) * num_splits + split  # M, L: [B, H, splits]
+        tl.store(M + ml_off, m_i, mask=g_ok)
+        tl.store(L + ml_off, l_i, mask=g_ok)
+
+
+@triton.jit
+def _reduce_kernel(O_PART, M, L, OUT, num_splits,
+                   stride_pb, stride_ph, stride_ps, stride_ob, stride_oh,
+                   S_PAD: tl.constexpr, D: tl.constexpr, D_PAD: tl.constexpr):
+    b = tl.program_id(0)
+    h = tl.program_id(1)
+    s = tl.arange(0, S_PAD)
+    d = tl.arange(0, D_PAD)
+    s_ok = s < num_splits
+    ml_off = (b * tl.num_programs(1) + h) * num_splits + s
+    m = tl.load(M + ml_off, mask=s_ok, other=float("-inf"))
+    l = tl.load(L + ml_off, mask=s_ok, other=0.0)
+    m_max = row_max(m, 0)
+    m_max = tl.where(m_max == float("-inf"), 0.0, m_max)  # every split empty: weights 0, output 0
+    w = tl.exp2(m - m_max)
+    denom = row_sum(w * l, 0)
+    part = tl.load(O_PART + b * stride_pb + h * stride_ph + s[:, None] * stride_ps + d[None, :],
+                   mask=s_ok[:, None] & (d[None, :] < D), other=0.0)
+    out = row_sum(part * w[:, None], 0) / tl.where(denom > 0, denom, 1.0)
+    tl.store(OUT + b * stride_ob + h * stride_oh + d, out.to(OUT.dtype.element_ty), mask=d < D)
+
+
+def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                           block_tables: torch.Tensor, context_lens: torch.Tensor,
+                           out: torch.Tensor | None = None, splits: int | None = None) -> torch.Tensor:
+    """Attention of one new query token per sequence over its cached context; see the module docstring.
+    `out` may be given (e.g. poisoned, in tests); `splits` overrides the split heuristic."""
+    batch, heads, head_dim = q.shape
+    _, block_size, kv_heads, _ = k_cache.shape
+    assert heads % kv_heads == 0 and head_dim_supported(head_dim), (heads, kv_heads, head_dim)
+    assert k_cache.stride(-1) == 1 and v_cache.stride() == k_cache.stride() and q.stride(-1) == 1
+    group = heads // kv_heads
+    if out is None:
+        out = torch.empty_like(q)
+    if splits is None:
+        dev = q.device.index if q.is_cuda else None
+        splits = num_splits(batch, kv_heads, block_tables.shape[1] * block_size, _num_sms(dev))
+    d_pad = max(16, triton.next_power_of_2(head_dim))
+    block_n = 64 if d_pad <= 128 else 32
+    common = dict(BLOCK_SIZE=block_size, GROUP=group, G_PAD=max(16, triton.next_power_of_2(group)),
+                  D=head_dim, D_PAD=d_pad, BLOCK_N=block_n,
+                  # float32 inputs, and Triton's CPU interpreter (whose bf16 dot is wrong), dot in exact fp32
+                  F32_DOT=q.dtype == torch.float32 or not q.is_cuda,
+                  num_warps=4, num_stages=2)
+    args = (q, k_cache, v_cache, block_tables, context_lens)
+    strides = (q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+               block_tables.stride(0))
+    scale = head_dim ** -0.5
+    if splits == 1:
+        _split_kernel[(batch, kv_heads, 1)](*args, out, out, out, scale, 1, *strides,
+                                            out.stride(0), out.stride(1), 0, DIRECT=True, **common)
+        return out
+    part = torch.empty(batch, heads, splits, head_dim, dtype=torch.float32, device=q.device)
+    m = torch.empty(batch, heads, splits, dtype=torch.float32, device=q.device)
+    l_sum = torch.empty_like(m)
+    _split_kernel[(batch, kv_heads, splits)](*args, part, m, l_sum, scale, splits, *strides,
+                                             part.stride(0), part.stride(1), part.stride(2),
+                                             DIRECT=False, **common)
+    _reduce_kernel[(batch, heads)](part, m, l_sum, out, splits, part.stride(0), part.stride(1),
+                                   part.stride(2), out.stride(0), out.stride(1),
+                                   S_PAD=max(2, triton.next_power_of_2(splits)), D=head_dim, D_PAD=d_pad,
+                                   num_warps=4)
+    return out

@@ -1,0 +1,102 @@
+"""Capacity search: the bisection itself, against replays whose P99 E2E is a known function of the load
+(the search is the thing under test, the replay is its input)."""
+import math
+
+import pytest
+
+from traffic.capacity import capacity_metrics, find_capacity, p99_e2e, requests_at
+from traffic.metrics import SLO
+from traffic.request import Request, RequestRecord
+
+
+def records_with_e2e(e2e_s: float, n: int = 20, failed: int = 0) -> list[RequestRecord]:
+    out = []
+    for i in range(n):
+        ok = i >= failed
+        out.append(RequestRecord(f"r{i}", 0.0, 8, 4, sent_at=0.0, first_token_at=0.01,
+                                 finished_at=e2e_s if ok else None, output_tokens=4 if ok else 0, ok=ok,
+                                 error=None if ok else "timeout"))
+    return out
+
+
+class FakeReplay:
+    """P99 E2E = slope * load: the SLO of 3 s is met up to load 3 / slope exactly. Counts its calls."""
+
+    def __init__(self, slope: float):
+        self.slope, self.loads = slope, []
+
+    def __call__(self, load: float) -> list[RequestRecord]:
+        self.loads.append(load)
+        return records_with_e2e(self.slope * load)
+
+
+def test_concurrency_bisection_finds_the_integer_threshold():
+    fake = FakeReplay(slope=0.1)  # 30 passes (3.0 s), 31 fails
+    result = find_capacity(fake, lo=1, hi=64, slo=SLO(e2e_s=3.0), mode="concurrency", iters=10)
+    assert result.value == 30 and not result.at_hi
+    assert all(isinstance(p.load, int) for p in result.probes)
+    assert [p.load for p in result.probes] == fake.loads
+    assert all(p.ok == (p.load <= 30) for p in result.probes)
+    assert result.probes[0].load == 1 and result.probes[1].load == 64
+    assert len(result.probes) <= 2 + math.ceil(math.log2(63))
+    m = capacity_metrics(result)
+    assert m == {"capacity/max_concurrency": 30.0, "capacity/slo_e2e_s": 3.0,
+                 "capacity/probes": float(len(result.probes)), "capacity/at_hi": 0.0}
+
+
+def test_rate_bisection_lands_within_tolerance():
+    fake = FakeReplay(slope=0.25)  # threshold at 12 req/s
+    result = find_capacity(fake, lo=0.5, hi=40.0, mode="rate", iters=20, tolerance=0.05)
+    assert 12.0 - 0.05 <= result.value <= 12.0
+    assert "capacity/max_rate_req_s" in capacity_metrics(result)
+
+
+def test_iters_caps_the_number_of_probes():
+    fake = FakeReplay(slope=0.25)
+    result = find_capacity(fake, lo=0.5, hi=40.0, mode="rate", iters=3)
+    assert len(fake.loads) == 2 + 3
+    assert result.value <= 12.0  # the largest load seen to pass: never above the threshold
+
+
+def test_edges_lo_fails_and_hi_passes():
+    none = find_capacity(FakeReplay(slope=10.0), lo=1, hi=8)
+    assert none.value == 0 and len(none.probes) == 1 and capacity_metrics(none)["capacity/max_concurrency"] == 0
+    capped = find_capacity(FakeReplay(slope=0.01), lo=1, hi=8)
+    assert capped.value == 8 and capped.at_hi and len(capped.probes) == 2
+
+
+def test_failed_requests_count_as_infinitely_slow():
+    assert p99_e2e(records_with_e2e(0.5)) == pytest.approx(0.5)
+    assert p99_e2e(records_with_e2e(0.5, n=20, failed=1)) == math.inf  # 5% failed: beyond P99
+    assert p99_e2e([]) == math.inf
+
+    def fails_above_4(load):  # fast but erroring at high load must not pass
+        return records_with_e2e(0.1, failed=5 if load > 4 else 0)
+
+    result = find_capacity(fails_above_4, lo=1, hi=16)
+    assert result.value == 4
+    assert all(p.failed == 5 for p in result.probes if not p.ok)
+    assert result.to_dict()["probes"][1]["p99_e2e_s"] is None  # strict JSON for capacity.json
+
+
+def test_requests_at_builds_the_probe_workload():
+    reqs = [Request(f"q{i}", [1, 2, 3], 4, scheduled_at=99.0) for i in range(3)]
+    closed = requests_at(reqs, 7, 4, "concurrency")
+    assert len(closed) == 7 and len({r.id for r in closed}) == 7
+    assert all(r.scheduled_at == 0.0 for r in closed)
+    opened = requests_at(reqs, 200, 10.0, "rate", seed=1)
+    times = [r.scheduled_at for r in opened]
+    assert times == sorted(times) and (len(times) - 1) / times[-1] == pytest.approx(10.0, rel=0.2)
+    assert [r.scheduled_at for r in requests_at(reqs, 200, 10.0, "rate", seed=1)] == times
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({"lo": 0, "hi": 4}, "0 < lo <= hi"),
+    ({"lo": 5, "hi": 4}, "0 < lo <= hi"),
+    ({"lo": 1.5, "hi": 4}, "whole numbers"),
+    ({"lo": 1, "hi": 4, "mode": "qps"}, "not one of"),
+    ({"lo": 1, "hi": 4, "iters": -1}, "iters"),
+])
+def test_bad_search_settings_are_refused(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        find_capacity(FakeReplay(1.0), **kwargs)

@@ -1,0 +1,284 @@
+"""The GPU opts from a CPU: validation refuses what cannot run; the Triton kernels (paged decode attention,
+the fused decode-step kernels, the skinny GEMM) run under Triton's interpreter on CPU tensors against
+float64 or eager references; the fused decode step of a whole model matches the eager one. Tests that need CUDA (bf16
+kernels, graph capture and replay) skip without it; benchmarks/gpu_bench.py runs the full checks there.
+"""
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from engine.config import EngineConfig
+from engine.validation import validate_engine, validate_head_dim
+
+CUDA = torch.cuda.is_available()
+if not CUDA:  # before the first import of a kernel module: Triton picks the interpreter at decoration
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+DEVICE = torch.device("cuda" if CUDA else "cpu")
+needs_triton = pytest.mark.skipif(
+    not CUDA and os.environ.get("TRITON_INTERPRET") != "1", reason="no CUDA and no Triton interpreter")
+needs_cuda = pytest.mark.skipif(not CUDA, reason="needs a CUDA device")
+
+
+def triton_or_skip():
+    pytest.importorskip("triton", reason="Triton is not installed (pip install triton for the interpreter)")
+
+
+# --- validation: refused before anything loads, with the reason and the fix ---
+
+def test_cuda_graphs_refused_on_cpu():
+    with pytest.raises(ValueError, match=r"cuda_graphs runs on CUDA only.*drop \+opt=cuda_graphs"):
+        validate_engine(EngineConfig(cuda_graphs=True), "cpu")
+    validate_engine(EngineConfig(cuda_graphs=True), "cuda")
+
+
+def test_flash_attn_float32_refused_on_cuda():
+    with pytest.raises(ValueError, match="flash kernel has no float32.*engine.dtype=bfloat16"):
+        validate_engine(EngineConfig(flash_attn=True, dtype="float32"), "cuda")
+    validate_engine(EngineConfig(flash_attn=True, dtype="float32"), "cpu")  # fused SDPA on CPU takes it
+    validate_engine(EngineConfig(flash_attn=True, dtype="bfloat16"), "cuda")
+
+
+@pytest.mark.parametrize("opt", ["flash_attn", "cuda_graphs"])
+@pytest.mark.parametrize("head_dim", [100, 12, 320])
+def test_unsupported_head_dim_refused(opt: str, head_dim: int):
+    cfg = EngineConfig(**{opt: True})
+    with pytest.raises(ValueError, match=rf"opt {opt}: head_dim {head_dim} is not supported.*drop \+opt={opt}"):
+        validate_head_dim(cfg, "cuda", head_dim)
+    validate_head_dim(cfg, "cpu", head_dim)  # the CPU paths take any head dim
+    for ok in (64, 128, 256, 80):
+        validate_head_dim(cfg, "cuda", ok)
+    validate_head_dim(EngineConfig(), "cuda", head_dim)  # with the opt off nothing is refused
+
+
+def test_batch_buckets():
+    from engine.cuda_graphs import batch_buckets
+
+    assert batch_buckets(1) == [1]
+    assert batch_buckets(16) == [1, 2, 4, 8, 16]
+    assert batch_buckets(24) == [1, 2, 4, 8, 16, 24]
+
+
+# --- the paged decode kernel against float64 ---
+
+def random_paged(batch, heads, kv_heads, head_dim, block_size, max_len, dtype, gen, empty_row=False):
+    per_seq = -(-max_len // block_size)
+    num_blocks = batch * per_seq + 2
+    q = torch.randn(batch, heads, head_dim, generator=gen).to(dtype)
+    k_cache = torch.randn(num_blocks, block_size, kv_heads, head_dim, generator=gen).to(dtype)
+    v_cache = torch.randn(num_blocks, block_size, kv_heads, head_dim, generator=gen).to(dtype)
+    tables = torch.randperm(num_blocks, generator=gen)[:batch * per_seq].view(batch, per_seq).int()
+    ctx = torch.randint(1, max_len + 1, (batch,), generator=gen).int()
+    ctx[0] = max_len
+    if empty_row:
+        ctx[-1] = 0
+    return [t.to(DEVICE) for t in (q, k_cache, v_cache, tables, ctx)]
+
+
+CASES = [  # batch, heads, kv_heads, head_dim, block_size, max_len, splits
+    (3, 4, 2, 16, 16, 70, None),
+    (3, 4, 2, 16, 16, 70, 3),  # split-K with a split past the end of the shorter contexts
+    (2, 9, 3, 64, 8, 100, 4),  # SmolLM2's group of 3, padded to 16 rows
+    (2, 8, 2, 40, 128, 128, 1),  # a head dim that is no power of two; one block per sequence
+    (2, 4, 4, 32, 64, 64, 2),  # contiguous layout: one block of max_model_len, tables [B, 1]
+]
+
+
+@needs_triton
+@pytest.mark.parametrize("case", CASES)
+def test_paged_decode_matches_float64(case):
+    triton_or_skip()
+    from engine.kernels.paged_decode import paged_decode_attention
+    from engine.kernels.reference import paged_decode_reference, rel_error
+
+    b, h, kvh, d, bs, max_len, splits = case
+    gen = torch.Generator().manual_seed(hash(case) % 2**31)
+    dtype = torch.bfloat16 if CUDA else torch.float32  # the interpreter's bf16 rounding is not the GPU's
+    for _ in range(2 if CUDA else 1):  # fresh inputs each check; the interpreter is slow
+        q, kc, vc, bt, ctx = random_paged(b, h, kvh, d, bs, max_len, dtype, gen, empty_row=True)
+        out = torch.full_like(q, float("nan"))  # poisoned: every element must be written
+        paged_decode_attention(q, kc, vc, bt, ctx, out=out, splits=splits)
+        ref = paged_decode_reference(q, kc, vc, bt, ctx)
+        assert rel_error(out, ref) <= (1e-2 if CUDA else 1e-5)
+        assert out[-1].abs().max() == 0  # an empty context gives zeros, not NaN (graph padding rows)
+
+
+@needs_triton
+def test_split_heuristic_depends_on_shapes_only():
+    triton_or_skip()
+    from engine.kernels.paged_decode import num_splits
+
+    assert num_splits(64, 8, 2048, 132) == 1  # the batch fills the chip
+    assert num_splits(1, 8, 2048, 132) == 16  # capped by MIN_TOKENS_PER_SPLIT
+    assert num_splits(1, 8, 64, 132) == 1
+    assert num_splits(2, 8, 1 << 20, 132) == 17
+
+
+# --- the fused element-wise kernels against the eager modules ---
+
+@needs_triton
+def test_fused_kernels_match_eager_modules():
+    triton_or_skip()
+    from engine.kernels import fused
+    from engine.model import RMSNorm, Rotary
+
+    dtype = torch.bfloat16 if CUDA else torch.float32
+    gen = torch.Generator().manual_seed(1)
+    rnd = lambda *s: torch.randn(*s, generator=gen).to(dtype).to(DEVICE)  # noqa: E731
+    x, r = rnd(5, 96), rnd(5, 96)
+    norm = RMSNorm(96, 1e-5).to(DEVICE, dtype)
+    norm.weight.data = rnd(96)
+    y, r_out = fused.add_rmsnorm(x, r, norm.weight, 1e-5)
+    assert torch.equal(r_out, x + r)
+    torch.testing.assert_close(y, norm(x + r))
+    y, r_out = fused.add_rmsnorm(x, None, norm.weight, 1e-5)
+    assert torch.equal(r_out, x)
+    torch.testing.assert_close(y, norm(x))
+
+    gu = rnd(5, 80)
+    gate, up = gu.chunk(2, dim=-1)
+    torch.testing.assert_close(fused.silu_mul(gu), torch.nn.functional.silu(gate) * up)
+
+    nh, nkv, hd = 6, 2, 32
+    rot = Rotary(hd, 64, 10000.0).to(DEVICE)
+    qkv = rnd(3, (nh + 2 * nkv) * hd)
+    pos = torch.tensor([5, 0, 63], device=DEVICE)
+    slots = torch.tensor([7, 2, 11], device=DEVICE)
+    kc = torch.zeros(4, 4, nkv, hd, dtype=dtype, device=DEVICE)
+    vc = torch.zeros_like(kc)
+    q = fused.rope_store_kv(qkv, pos, rot.cos, rot.sin, slots, kc, vc, nh, nkv, hd)
+    qr, kr, vr = qkv.split([nh * hd, nkv * hd, nkv * hd], dim=-1)
+    q_ref, k_ref = rot(pos, qr.view(3, nh, hd), kr.view(3, nkv, hd))
+    assert torch.equal(q, q_ref)
+    assert torch.equal(kc.view(-1, nkv, hd)[slots], k_ref)
+    assert torch.equal(vc.view(-1, nkv, hd)[slots], vr.view(3, nkv, hd))
+
+
+@needs_triton
+@pytest.mark.parametrize("silu", [False, True])
+def test_skinny_gemm_matches_float64(silu: bool):
+    triton_or_skip()
+    from engine.kernels.gemv import skinny_linear
+    from engine.kernels.reference import rel_error
+
+    dtype = torch.bfloat16 if CUDA else torch.float32
+    gen = torch.Generator().manual_seed(2)
+    for m, n, k in ((1, 96, 64), (5, 100, 80), (16, 64, 576)):
+        x = torch.randn(m, k, generator=gen).to(dtype).to(DEVICE)
+        w = torch.randn(n, k, generator=gen).to(dtype).to(DEVICE)
+        ref = x.double() @ w.double().T
+        if silu:
+            gate, up = ref.chunk(2, dim=-1)
+            ref = torch.nn.functional.silu(gate) * up
+        got = skinny_linear(x, w, silu_mul=silu, config=(16, 64, 4, 2))
+        assert rel_error(got, ref) <= (1e-2 if CUDA else 1e-5)
+
+
+# --- a whole model: the fused decode step, attention through the kernel, equals the eager step ---
+
+def tiny_model(dtype):
+    from engine.config import ModelConfig
+    from engine.loader import load_model
+
+    cfg = ModelConfig(name="tiny", source="random", package=None, gguf_file=None, tokenizer="synthetic",
+                      vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, head_dim=16, rope_theta=10000.0,
+                      max_position_embeddings=256, tie_word_embeddings=True, init_std=0.1)
+    return load_model(cfg, DEVICE, dtype, seed=3)
+
+
+class KernelDecode:
+    """Naive prefill, decode through the Triton kernel: on CUDA in float32 too (flash has no float32)."""
+
+    name, decode_backend = "naive", "triton_paged"
+
+    def __init__(self):
+        from engine.attention import NaiveAttention
+        from engine.kernels.paged_decode import paged_decode_attention
+
+        self.prefill, self.kernel = NaiveAttention().prefill, paged_decode_attention
+
+    def decode(self, q, meta, k_cache, v_cache):
+        return self.kernel(q, k_cache, v_cache, meta.block_tables, meta.context_lens)
+
+
+def run_decode(model, prompts, steps, paged: bool, flash: bool, graphs: bool = False, max_batch: int = 8,
+               decode_kernel: bool = False):
+    """Greedy decode through ModelRunner with a hand-made block table; returns the token ids.
+    decode_kernel: decode attention through the Triton kernel on any device (on CUDA, flash_attn with
+    paged_kv picks it on its own)."""
+    from engine.model_runner import ModelRunner
+    from engine.sequence import SamplingParams, Sequence
+
+    max_len, block_size = 64, (8 if paged else 64)
+    cfg = EngineConfig(flash_attn=flash, paged_kv=paged, cuda_graphs=graphs, max_model_len=max_len,
+                       batch_size=max_batch, max_num_seqs=max_batch)
+    per_seq = max_len // block_size
+    runner = ModelRunner(model, DEVICE, model.embed_tokens.weight.dtype, len(prompts) * per_seq, block_size, cfg)
+    if decode_kernel:
+        model.attn = KernelDecode()
+    seqs = [Sequence(f"r{i}", p, SamplingParams(max_tokens=steps)) for i, p in enumerate(prompts)]
+    for i, s in enumerate(seqs):  # reversed block order: tables that are no identity map
+        s.block_table = [(len(prompts) - 1 - i) * per_seq + j for j in range(per_seq)]
+    out = runner.sample(runner.forward(seqs, is_prefill=True), seqs).tolist()
+    for _ in range(steps):
+        for s, t in zip(seqs, out):
+            s.append_token(t)
+        out = runner.sample(runner.forward(seqs, is_prefill=False), seqs).tolist()
+    return [s.output_token_ids for s in seqs], runner
+
+
+PROMPTS = [[1, 5, 9, 200, 33], [7, 7, 7], [3, 100, 4, 99, 5, 98, 6, 97, 8, 96, 10]]
+
+
+@needs_triton
+def test_fused_decode_step_matches_eager_logits():
+    triton_or_skip()
+    from engine.attention import AttnMeta
+    from engine.cuda_graphs import GraphDecodeAttention
+    from engine.sequence import SamplingParams, Sequence
+
+    model = tiny_model(torch.float32)
+    _, runner = run_decode(model, PROMPTS, 2, paged=True, flash=False)
+    seqs = [Sequence("a", PROMPTS[0] + [1, 2], SamplingParams()), Sequence("b", PROMPTS[2] + [3], SamplingParams())]
+    seqs[0].block_table, seqs[1].block_table = [16, 17, 18, 19, 20, 21, 22, 23], [0, 1, 2, 3, 4, 5, 6, 7]
+    ids, pos, meta, idx = runner.prepare_decode(seqs)
+    eager = model(ids, pos, meta, idx)
+    meta2 = AttnMeta(False, meta.slot_mapping, meta.block_tables, meta.context_lens, 10**9)
+    for skinny in (False, True):  # on the CPU skinny falls back to torch's linear: the dispatch is tested
+        fused = model(ids, pos, meta2, idx, attn=GraphDecodeAttention(), fused=True, skinny=skinny)
+        torch.testing.assert_close(fused, eager, rtol=1e-4, atol=1e-4)
+
+
+@needs_triton
+@pytest.mark.parametrize("paged", [False, True])
+def test_decode_through_the_kernel_keeps_greedy_tokens(paged: bool):
+    triton_or_skip()
+    model = tiny_model(torch.float32)
+    base, _ = run_decode(model, PROMPTS, 10, paged=paged, flash=False)  # contexts cross block boundaries
+    got, runner = run_decode(model, PROMPTS, 10, paged=paged, flash=False, decode_kernel=True)
+    assert runner.attention_backend.endswith("+triton_paged")
+    assert got == base
+
+
+@needs_cuda
+@pytest.mark.parametrize("paged", [False, True])
+def test_cuda_graphs_replay_the_eager_tokens(paged: bool):
+    # float32 and the same attention kernel eagerly: any difference is the graph's, not rounding's
+    model = tiny_model(torch.float32)
+    base, _ = run_decode(model, PROMPTS, 12, paged=paged, flash=False, decode_kernel=True)
+    got, runner = run_decode(model, PROMPTS, 12, paged=paged, flash=False, graphs=True)
+    assert got == base
+    ev = runner.graphs.evidence()
+    assert ev["replays"] == 12 and ev["eager_fallbacks"] == 0 and ev["buckets"] == [1, 2, 4, 8]
+
+
+@needs_cuda
+def test_batch_above_the_largest_bucket_runs_eagerly_and_is_counted():
+    model = tiny_model(torch.float32)
+    base, _ = run_decode(model, PROMPTS, 4, paged=True, flash=False)
+    got, runner = run_decode(model, PROMPTS, 4, paged=True, flash=False, graphs=True, max_batch=2)
+    assert got == base
+    assert runner.graphs.eager_fallbacks == 4 and runner.graphs.replays == 0
