@@ -159,7 +159,7 @@ def main() -> None:
                               kv_cache_gb=args.kv_cache_gb)
     tok = load_tokenizer(model_cfg)
     shape = model_shape(model_cfg)
-    kv_bytes_per_token = 2 * shape.num_hidden_layers * shape.num_key_value_heads * shape.head_dim * 4  # float32
+    kv_bytes_per_token = shape.kv_bytes_per_token(4)  # float32
     workload = build_workload(WorkloadConfig(num_requests=args.requests, rate=args.rate, seed=0), tok,
                               args.max_model_len)
     items = load_prompt_set(QualityConfig(num_prompts=args.quality_prompts + 2), None)

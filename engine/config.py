@@ -66,6 +66,7 @@ class EngineConfig:
     dtype: str = "auto"  # auto: bfloat16 on CUDA, float32 on CPU
     device: str = "auto"
     seed: int = 0
+    cpu_threads: Optional[int] = None  # torch intra-op threads on CPU; None: torch's default (one per core)
     max_model_len: int = 2048
     # KV budget: kv_cache_gb if set, else kv_cache_memory_fraction of free device memory
     kv_cache_gb: Optional[float] = 1.0

@@ -11,7 +11,7 @@ import torch
 from engine.block_manager import BlockManager
 from engine.config import EngineConfig, ModelConfig
 from engine.detokenizer import Detokenizer
-from engine.loader import load_model, load_tokenizer, resolve_device, resolve_dtype
+from engine.loader import load_model, load_tokenizer, model_shape, resolve_device, resolve_dtype
 from engine.model_runner import ModelRunner, kv_bytes_per_token
 from engine.opts import enabled_opts
 from engine.scheduler import Scheduler, SchedulerConfig
@@ -44,20 +44,26 @@ class LLMEngine:
         self.device = resolve_device(cfg.device)
         validate_engine(cfg, self.device.type)
         self.dtype = resolve_dtype(cfg.dtype, self.device)
+        if cfg.cpu_threads is not None and self.device.type == "cpu":
+            torch.set_num_threads(cfg.cpu_threads)
         torch.manual_seed(cfg.seed)
+        # everything that can be refused from the model's shape alone is refused before a weight loads
+        shape = model_shape(model_cfg)
+        validate_head_dim(cfg, self.device.type, shape.head_dim)
+        if cfg.max_model_len > shape.max_position_embeddings:
+            raise ValueError(f"engine.max_model_len={cfg.max_model_len} exceeds the model's "
+                             f"max_position_embeddings={shape.max_position_embeddings}")
+        # paged_kv is read here: contiguous KV is one max_model_len block per sequence
+        self.block_size = cfg.block_size if cfg.paged_kv else cfg.max_model_len
+        self.bytes_per_token = kv_bytes_per_token(shape, self.dtype)
+        if cfg.kv_cache_gb is not None:
+            self._num_blocks()
         t0 = time.perf_counter()
         self.tokenizer = load_tokenizer(model_cfg)
         self.model = load_model(model_cfg, self.device, self.dtype, seed=cfg.seed)
         self._sync()
         self.load_s = time.perf_counter() - t0
-        validate_head_dim(cfg, self.device.type, self.model.shape.head_dim)
-        if cfg.max_model_len > self.model.shape.max_position_embeddings:
-            raise ValueError(f"engine.max_model_len={cfg.max_model_len} exceeds the model's "
-                             f"max_position_embeddings={self.model.shape.max_position_embeddings}")
-        # paged_kv is read here: contiguous KV is one max_model_len block per sequence
-        self.block_size = cfg.block_size if cfg.paged_kv else cfg.max_model_len
-        self.bytes_per_token = kv_bytes_per_token(self.model, self.dtype)
-        num_blocks = self._num_blocks()
+        num_blocks = self._num_blocks()  # a fraction of free memory is known only once the weights are in
         self.block_manager = BlockManager(num_blocks, self.block_size, enable_prefix_cache=cfg.prefix_cache)
         self.runner = ModelRunner(self.model, self.device, self.dtype, num_blocks, self.block_size, cfg)
         eos = self.tokenizer.eos_token_id

@@ -38,6 +38,10 @@ class LlamaShape:
             raise ValueError(f"num_attention_heads ({self.num_attention_heads}) must be a multiple of "
                              f"num_key_value_heads ({self.num_key_value_heads})")
 
+    def kv_bytes_per_token(self, bytes_per_element: int) -> int:
+        """K and V of every layer for one token: what one KV slot costs."""
+        return 2 * self.num_hidden_layers * self.num_key_value_heads * self.head_dim * bytes_per_element
+
     @property
     def num_params(self) -> int:
         h, i, v = self.hidden_size, self.intermediate_size, self.vocab_size

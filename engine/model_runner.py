@@ -7,13 +7,13 @@ import torch
 
 from engine.attention import AttnMeta, make_backend
 from engine.config import EngineConfig
-from engine.model import LlamaModel
+from engine.model import LlamaModel, LlamaShape
 from engine.sequence import SamplingParams, Sequence
 
 
-def kv_bytes_per_token(model: LlamaModel, dtype: torch.dtype) -> int:
-    s = model.shape
-    return 2 * s.num_hidden_layers * s.num_key_value_heads * s.head_dim * torch.finfo(dtype).bits // 8
+def kv_bytes_per_token(model: LlamaModel | LlamaShape, dtype: torch.dtype) -> int:
+    shape = model.shape if isinstance(model, LlamaModel) else model
+    return shape.kv_bytes_per_token(torch.finfo(dtype).bits // 8)
 
 
 class ModelRunner:

@@ -13,6 +13,8 @@ def validate_engine(cfg: EngineConfig, device_type: str) -> None:
     for name in ("max_model_len", "batch_size", "max_num_seqs", "max_num_batched_tokens", "block_size"):
         if getattr(cfg, name) < 1:
             raise ValueError(f"engine.{name} must be >= 1, got {getattr(cfg, name)}")
+    if cfg.cpu_threads is not None and cfg.cpu_threads < 1:
+        raise ValueError(f"engine.cpu_threads must be >= 1 (or null for torch's default), got {cfg.cpu_threads}")
     if cfg.batch_timeout_ms < 0:
         raise ValueError(f"engine.batch_timeout_ms must be >= 0, got {cfg.batch_timeout_ms}")
     if cfg.block_size & (cfg.block_size - 1):

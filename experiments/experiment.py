@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import logging
+import random
 import time
 import traceback
 from dataclasses import dataclass, field
@@ -23,7 +24,7 @@ from quality.scoring import score_vs_references, to_metrics
 from traffic.capacity import capacity_metrics, find_capacity, requests_at
 from traffic.metrics import compute_metrics
 from traffic.replay import ReplayConfig
-from traffic.request import RequestRecord, requests_digest
+from traffic.request import Request, RequestRecord, requests_digest
 from traffic.workload import build_workload
 
 log = logging.getLogger(__name__)
@@ -102,7 +103,7 @@ def _measure(conf, backend, run_dir: Path, snapshot: dict, tracker: Tracker, opt
     write_snapshot(run_dir, snapshot)
     metrics.update(workload.stats)
 
-    backend.warmup(workload.requests[:conf.replay.warmup_requests])
+    backend.warmup(warmup_requests(workload.requests[:conf.replay.warmup_requests], len(backend.tokenizer)))
     with open(run_dir / "requests.jsonl", "a") as f:
         def on_record(rec: RequestRecord) -> None:
             f.write(rec.to_json() + "\n")
@@ -137,6 +138,14 @@ def _measure(conf, backend, run_dir: Path, snapshot: dict, tracker: Tracker, opt
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
     return ExperimentResult(tracker.run_id, run_dir, metrics, records, outputs, per_prompt,
                             snapshot["requests_digest"], pdigest, summary["opts_effective"], opts, snapshot)
+
+
+def warmup_requests(like: list[Request], vocab_size: int, seed: int = 12345) -> list[Request]:
+    """The lengths of the first requests with unrelated token ids: warming up on the replayed prompts
+    themselves would put them in the prefix cache and flatter it."""
+    rng = random.Random(seed)
+    return [Request(f"warmup-{i}", [rng.randrange(vocab_size // 4, vocab_size) for _ in range(r.input_len)],
+                    min(4, r.output_len)) for i, r in enumerate(like)]
 
 
 def _quality(conf, backend, run_dir: Path, data_root, with_quality: bool = True):

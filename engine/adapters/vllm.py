@@ -177,4 +177,4 @@ def _kv_bytes_per_token(model_cfg: ModelConfig, dtype: str) -> int | None:
         s = model_shape(model_cfg)
     except (OSError, ValueError, KeyError):
         return None
-    return 2 * s.num_hidden_layers * s.num_key_value_heads * s.head_dim * DTYPE_BYTES[dtype]
+    return s.kv_bytes_per_token(DTYPE_BYTES[dtype])
