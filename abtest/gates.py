@@ -51,6 +51,13 @@ def _default_quality_margins() -> dict[str, float]:
             "quality/rouge2_vs_ref": 0.005, "quality/rougeL_vs_ref": 0.005}
 
 
+def _default_agreement() -> dict[str, float]:
+    # The same seed margins read against the control's own outputs: a candidate's text may drift from the
+    # control's by at most 0.3% BLEU and 0.5% ROUGE-L. Lossy or not, a change that rewrites the answers
+    # fails here even when its scores against the references happen not to drop.
+    return {"quality/bleu_vs_control": 100.0 * (1 - 0.003), "quality/rougeL_vs_control": 1 - 0.005}
+
+
 @dataclass
 class GateConfig:
     """The gates of one A/B. Relative numbers are fractions (0.10 = 10%).
@@ -58,6 +65,8 @@ class GateConfig:
     quality_margins_rel: non-inferiority, candidate >= control * (1 - margin), per *_vs_ref metric.
     min_exact_match_lossless: for a lossless candidate, the fraction of prompts whose output must
         equal the control's (quality/exact_match_vs_control).
+    control_agreement_min: for every candidate, the least BLEU / ROUGE-L of its outputs scored against
+        the control's outputs (how far its answers may drift from the control's).
     latency_gains: metric -> required relative improvement in its good direction (0.0: not worse;
         negative: that much regression allowed). Applies to throughput too (higher is better there).
     latency_max_regression: metric -> largest relative change in its bad direction that still passes.
@@ -68,6 +77,7 @@ class GateConfig:
 
     quality_margins_rel: dict[str, float] = field(default_factory=_default_quality_margins)
     min_exact_match_lossless: float = 0.99
+    control_agreement_min: dict[str, float] = field(default_factory=_default_agreement)
     latency_gains: dict[str, float] = field(default_factory=dict)
     latency_max_regression: dict[str, float] = field(default_factory=lambda: {"perf/e2e_ms_p99": 0.10})
     memory_ceilings_gb: dict[str, float] = field(default_factory=dict)
@@ -98,6 +108,11 @@ class GateConfig:
             if ceiling <= 0:
                 raise ValueError(f"gate.memory_ceilings_gb[{name!r}] must be > 0 GB, got {ceiling}")
         _check_range("gate.min_exact_match_lossless", self.min_exact_match_lossless, 0.0, 1.0)
+        for name, floor in self.control_agreement_min.items():
+            if not validate_metric(name).endswith("_vs_control") or name.endswith("exact_match_vs_control"):
+                raise ValueError(f"gate.control_agreement_min: {name!r} is not an agreement score; valid: "
+                                 "quality/bleu_vs_control (0-100), quality/rougeL_vs_control (0-1)")
+            _check_range(f"gate.control_agreement_min[{name!r}]", floor, 0.0, 100.0)
         if not 0.0 < self.alpha < 1.0:
             raise ValueError(f"gate.alpha must be in (0, 1), got {self.alpha}")
         if self.n_boot < 1 or self.min_pairs < 1:
@@ -113,7 +128,8 @@ class GateConfig:
         if unknown:
             raise ValueError(f"unknown gate key(s) {', '.join(map(repr, unknown))}; "
                              f"valid: {', '.join(known)}")
-        for key in ("quality_margins_rel", "latency_gains", "latency_max_regression", "memory_ceilings_gb"):
+        for key in ("quality_margins_rel", "latency_gains", "latency_max_regression", "memory_ceilings_gb",
+                    "control_agreement_min"):
             if key in d:
                 if not isinstance(d[key], dict):
                     raise ValueError(f"gate.{key} must be a mapping of metric -> number, got {d[key]!r}")

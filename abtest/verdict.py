@@ -185,6 +185,15 @@ def _exact_match_gate(candidate: ArmResult, minimum: float) -> GateResult:
                       f"the control's, required {minimum:.2%} -> {status}", None, k)
 
 
+def _agreement_gate(metric: str, floor: float, candidate: ArmResult) -> GateResult:
+    k = candidate.value(metric)
+    if k is None:
+        return _unmeasured("control_agreement", metric, None, None)
+    status: Status = "pass" if k >= floor else "fail"
+    return GateResult("control_agreement", metric, status, f"{metric}: candidate's outputs scored against the "
+                      f"control's: {k:.4g}, required at least {floor:.4g} -> {status}", None, k)
+
+
 def _ceiling_gate(metric: str, ceiling: float, control: ArmResult, candidate: ArmResult) -> GateResult:
     c, k = control.value(metric), candidate.value(metric)
     if k is None:
@@ -211,6 +220,7 @@ def decide(control: ArmResult, candidate: ArmResult, gate: GateConfig,
                for m, margin in gate.quality_margins_rel.items()]
     if candidate_lossless:
         results.append(_exact_match_gate(candidate, gate.min_exact_match_lossless))
+    results += [_agreement_gate(m, floor, candidate) for m, floor in gate.control_agreement_min.items()]
     results += [_relative_gate("latency_gain", m, -gain, control, candidate, gate)
                 for m, gain in gate.latency_gains.items()]
     results += [_relative_gate("latency_max_regression", m, reg, control, candidate, gate)

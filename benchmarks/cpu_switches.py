@@ -33,19 +33,12 @@ from engine.tokenizer import chat_token_ids  # noqa: E402
 from experiments.backends import ReferenceBackend  # noqa: E402
 from quality.prompts import QualityConfig, load_prompt_set  # noqa: E402
 from traffic.metrics import compute_metrics  # noqa: E402
+from engine.opts import switch_configs  # noqa: E402
 from traffic.replay import ReplayConfig  # noqa: E402
 from traffic.request import Request  # noqa: E402
 from traffic.workload import WorkloadConfig, build_workload  # noqa: E402
 
-CONFIGS = {
-    "baseline": {},
-    "paged_kv": dict(paged_kv=True),
-    "dynamic_batching": dict(dynamic_batching=True),
-    "batched_decode": dict(batched_decode=True),
-    "flash_attn": dict(flash_attn=True),
-    "paged_kv+prefix_cache": dict(paged_kv=True, prefix_cache=True),
-    "all on": dict(paged_kv=True, dynamic_batching=True, batched_decode=True, flash_attn=True, prefix_cache=True),
-}
+CONFIGS = switch_configs()  # baseline, each switch alone (prefix_cache with paged_kv), all on
 # (header, metric key, format)
 COLUMNS = [("TTFT p50 ms", "perf/ttft_ms_p50", "{:,.0f}"), ("TPOT p50 ms", "perf/tpot_ms_p50", "{:,.1f}"),
            ("E2E p99 ms", "perf/e2e_ms_p99", "{:,.0f}"), ("req/s", "perf/throughput_req_s", "{:.3f}"),

@@ -35,3 +35,15 @@ def is_lossless(opt_names: list[str]) -> bool:
     if unknown:
         raise ValueError(f"unknown opt(s) {unknown}; valid: {sorted(OPTS)}")
     return all(OPTS[n].lossless for n in opt_names)
+
+
+def switch_configs(include_cuda_only: bool = False) -> dict[str, dict[str, bool]]:
+    """The configs that show what each switch buys: the baseline, each switch alone (with what it needs),
+    and all of them on. Engine field -> True, keyed by a readable name."""
+    out: dict[str, dict[str, bool]] = {"baseline": {}}
+    specs = [o for o in OPTS.values() if include_cuda_only or not o.cuda_only]
+    for spec in specs:
+        names = [*spec.needs, spec.name]
+        out["+".join(names)] = {OPTS[n].field: True for n in names}
+    out["all on"] = {o.field: True for o in specs}
+    return out

@@ -32,6 +32,18 @@ def compose_config(overrides: list[str] | None = None, cheap: bool = True):
         return compose("config", overrides=(CHEAP if cheap else []) + list(overrides or []))
 
 
+@pytest.fixture(scope="module")
+def one_torch_thread():
+    """One intra-op thread: on a 2-core machine that other jobs share, float32 matmuls whose threads wait
+    on a descheduled sibling ran 5-10x slower (the model tests: 7 min instead of 1.5); one thread is steady."""
+    import torch
+
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
 @pytest.fixture
 def tracking_uri(tmp_path: Path) -> str:
     return f"sqlite:///{tmp_path / 'mlflow.db'}"

@@ -56,3 +56,16 @@ def test_ab_with_different_traffic_is_refused(tmp_path):
              "quality.num_prompts=2", "tracking.enabled=false", f"hydra.run.dir={tmp_path / 'ab'}", *FAST], tmp_path)
     assert p.returncode != 0
     assert "identical traffic" in p.stderr and "requests_digest" in p.stderr
+
+
+def test_ab_whose_candidate_changes_outputs_fails_with_exit_1(tmp_path):
+    out = tmp_path / "ab"
+    p = run(["+ab=batched_decode", "ab.candidate=[+opt=batched_decode,engine.dtype=bfloat16]",
+             "workload.num_requests=6", "quality.num_prompts=12", "quality.max_new_tokens=16", "tracking.enabled=false",
+             f"hydra.run.dir={out}", *FAST], tmp_path)
+    v = json.loads((out / "verdict.json").read_text())
+    assert v["candidate_lossless"] is False and "engine.dtype" in v["lossless_reason"]
+    assert (p.returncode, v["status"]) == (1, "fail"), p.stdout[-2000:]
+    drift = [g for g in v["gates"] if g["gate"] == "control_agreement"]
+    assert drift and any(g["status"] == "fail" for g in drift)
+    assert not (out / "rollout_plan.json").exists()

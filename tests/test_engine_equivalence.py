@@ -18,21 +18,14 @@ from engine.config import EngineConfig, ModelConfig
 from engine.detokenizer import Detokenizer
 from engine.llm_engine import LLMEngine
 from engine.loader import load_tokenizer
+from engine.opts import switch_configs
 from engine.sequence import SamplingParams, Sequence, SeqStatus
 from engine.tokenizer import chat_token_ids
 from quality.prompts import QualityConfig, load_prompt_set
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
-ALL = dict(paged_kv=True, dynamic_batching=True, batched_decode=True, flash_attn=True, prefix_cache=True)
-CONFIGS = {
-    "baseline": {},
-    "paged_kv": dict(paged_kv=True),
-    "dynamic_batching": dict(dynamic_batching=True),
-    "batched_decode": dict(batched_decode=True),
-    "flash_attn": dict(flash_attn=True),
-    "paged_kv+prefix_cache": dict(paged_kv=True, prefix_cache=True),
-    "all": ALL,
-}
+CONFIGS = switch_configs()  # baseline, each switch alone (prefix_cache with paged_kv), all on
+ALL = CONFIGS["all on"]
 TINY_INIT_STD = 0.3
 BASE = dict(device="cpu", dtype="float32", max_model_len=256, kv_cache_gb=0.2, batch_size=4, max_num_seqs=16)
 # (prompts, max new tokens): SmolLM2 stops at EOS on its own; the tiny model's lengths are staggered so
@@ -47,14 +40,7 @@ def model_config(name: str) -> ModelConfig:
     return replace(cfg, init_std=TINY_INIT_STD) if cfg.source == "random" else cfg
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_torch_thread():
-    """One intra-op thread: on a 2-core machine that other jobs share, float32 matmuls whose threads wait
-    on a descheduled sibling ran 5-10x slower (these tests: 7 min instead of 1.5); one thread is steady."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @dataclass
@@ -145,7 +131,7 @@ def test_the_switch_was_really_in_effect(runs: Runs, config: str) -> None:
         assert eff["prefix_cache"]["hits"] > 0
 
 
-@pytest.mark.parametrize("config", ["baseline", "batched_decode", "all"])
+@pytest.mark.parametrize("config", ["baseline", "batched_decode", "all on"])
 def test_streamed_text_is_the_decoded_text(runs: Runs, config: str) -> None:
     run = runs[config]
     assert any(run.decoded)

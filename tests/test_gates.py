@@ -24,7 +24,8 @@ def arm(name: str, e2e: np.ndarray = E2E, scores: np.ndarray = SCORES, extra: di
     records = [RequestRecord(id=f"r{i}", scheduled_at=0.0, input_tokens=8, requested_output_tokens=16,
                              sent_at=0.0, first_token_at=0.2 * t, finished_at=t, output_tokens=16, ok=True)
                for i, t in enumerate(e2e)]
-    metrics = compute_metrics(records) | {m: float(np.mean(scores)) for m in QUALITY} | (extra or {})
+    agreement = {"quality/bleu_vs_control": 100.0, "quality/rougeL_vs_control": 1.0}  # same text as the control
+    metrics = compute_metrics(records) | {m: float(np.mean(scores)) for m in QUALITY} | agreement | (extra or {})
     return ArmResult(name=name, metrics=metrics, records=records,
                      quality_per_prompt={m: list(scores) for m in QUALITY}, outputs=[],
                      requests_digest=digests[0], prompts_digest=digests[1])
@@ -57,12 +58,13 @@ def test_noisy_tiny_samples_are_inconclusive() -> None:
     noise = rng.normal(0, 15, 12)
     cand = ctrl + noise - noise.mean()  # no change on average, but far too noisy to show it
     e2e = rng.lognormal(0, 0.5, 12)
-    cfg = GateConfig(latency_max_regression={"perf/e2e_ms_p50": 0.0})
+    cfg = GateConfig(latency_max_regression={"perf/e2e_ms_p50": 0.0}, control_agreement_min={})
     v = decide(arm("c", e2e, ctrl), arm("k", e2e * rng.lognormal(0, 0.4, 12), cand), cfg, False)
     assert (v.status, v.exit_code) == ("inconclusive", 2)
     assert {g.status for g in v.gates} == {"inconclusive"}
     # fewer requests than gate.min_pairs: inconclusive however the interval looks
-    v = decide(arm("c", E2E[:5]), arm("k", E2E[:5] * 2), GateConfig(quality_margins_rel={}), False)
+    v = decide(arm("c", E2E[:5]), arm("k", E2E[:5] * 2), GateConfig(quality_margins_rel={}, control_agreement_min={}),
+               False)
     assert v.exit_code == 2 and "only 5 paired requests" in v.gates[0].reason
 
 
@@ -184,3 +186,23 @@ def test_rollback_cli_restores_the_previous_promotion(tmp_path, capsys):
     assert "run-1" in out and "python run.py '+opt=paged_kv'" in out
     assert current(tmp_path)["run_id"] == "run-1"
     assert rollback_main(["--registry", str(tmp_path)]) == 1  # nothing left to roll back to
+
+
+def test_outputs_that_drift_from_the_control_fail_even_when_reference_scores_hold() -> None:
+    # a lossy candidate (bf16, say) whose scores against the references do not drop, but whose answers changed
+    drifted = arm("k", extra={"quality/bleu_vs_control": 71.0, "quality/rougeL_vs_control": 0.83})
+    v = decide(arm("c"), drifted, GateConfig(), candidate_lossless=False)
+    g = by_name(v)
+    assert (v.status, v.exit_code) == ("fail", 1)
+    assert g["control_agreement:quality/bleu_vs_control"].status == "fail"
+    assert "71" in g["control_agreement:quality/bleu_vs_control"].reason
+    assert g["quality_non_inferiority:quality/bleu_vs_ref"].status == "pass"
+    unmeasured = arm("k")
+    unmeasured.metrics.pop("quality/rougeL_vs_control")
+    assert by_name(decide(arm("c"), unmeasured, GateConfig(), False))[
+        "control_agreement:quality/rougeL_vs_control"].status == "inconclusive"
+
+
+def test_agreement_gate_takes_only_agreement_scores() -> None:
+    with pytest.raises(ValueError, match="not an agreement score"):
+        GateConfig(control_agreement_min={"quality/bleu_vs_ref": 99.0})

@@ -27,14 +27,7 @@ SWITCHES = {"contiguous+naive": {}, "paged+naive": dict(paged_kv=True), "contigu
             "paged+fused": dict(paged_kv=True, flash_attn=True)}
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_torch_thread():
-    """One intra-op thread: on a 2-core machine that other jobs share, float32 matmuls whose threads wait
-    on a descheduled sibling ran 5-10x slower (these tests: 7 min instead of 1.5); one thread is steady."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def model_config(name: str) -> ModelConfig:
