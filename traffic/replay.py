@@ -57,7 +57,6 @@ class InProcessDriver:
         self.records = {r.id: RequestRecord(r.id, r.scheduled_at if cfg.mode == "open" else 0.0,
                                             r.input_len, r.output_len) for r in requests}
         self.inbox: queue.Queue = queue.Queue()
-        self.open_ids: set[str] = set()
         self.bar = tqdm(total=len(requests), desc="replay", unit="req", disable=not cfg.progress)
         self._pending = deque(requests)
         self._closed, self._stop = cfg.mode == "closed", False
@@ -125,7 +124,6 @@ class InProcessDriver:
             r, sent = item
             try:
                 self.engine.add_request(r.id, r.prompt_token_ids, self.make_params(r), arrival_time=sent)
-                self.open_ids.add(r.id)
             except ValueError as e:  # rejected (e.g. longer than max_model_len): counted, never truncated
                 self._finish(self.records[r.id], ok=False, error=f"rejected: {e}")
                 rejected += 1
@@ -147,7 +145,6 @@ class InProcessDriver:
             rec.preemptions = ev.num_preemptions
             if ev.finished:
                 rec.finished_at = t
-                self.open_ids.discard(rec.id)
                 self._finish(rec, ok=True)
                 finished += 1
         return finished
