@@ -17,6 +17,7 @@ import torch  # noqa: E402
 
 from engine.config import EngineConfig, ModelConfig  # noqa: E402
 from engine.llm_engine import LLMEngine  # noqa: E402
+from engine.loader import load_tokenizer  # noqa: E402
 from engine.opts import switch_configs  # noqa: E402
 from engine.sequence import SamplingParams  # noqa: E402
 from engine.tokenizer import chat_token_ids  # noqa: E402
@@ -38,15 +39,11 @@ def main() -> int:
     p.add_argument("--out", type=Path, default=None)
     args = p.parse_args()
     items = load_prompt_set(QualityConfig(num_prompts=args.prompts), None)
-    base_cfg = dict(device="cpu", dtype="float32")
-    engine0 = None
+    tokenizer = load_tokenizer(ModelConfig())
+    prompts = [chat_token_ids(tokenizer, it.prompt) for it in items]
     results: dict[str, tuple[list[str], float]] = {}
     for name, switches in switch_configs().items():
-        cfg = EngineConfig(**base_cfg, **switches)
-        if engine0 is None:
-            engine0 = LLMEngine(ModelConfig(), cfg)
-            prompts = [chat_token_ids(engine0.tokenizer, it.prompt) for it in items]
-            del engine0
+        cfg = EngineConfig(device="cpu", dtype="float32", **switches)
         results[name] = outputs(cfg, prompts, args.max_new_tokens)
         print(f"{name}: {time.strftime('%H:%M:%S')}", flush=True)
     base = results["baseline"][0]
