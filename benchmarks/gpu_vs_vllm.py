@@ -157,20 +157,20 @@ def worker_vllm(tok_dir: str) -> dict:
 
 def run_worker(which: str, args, out: Path) -> dict:
     path = out / f"gpu_vs_vllm_{which}.json"
+    path.unlink(missing_ok=True)  # only this run's results count
     cmd = [sys.executable, __file__, "--worker", which, "--json", str(path), "--tok-dir", args.tok_dir or ""]
     t = time.perf_counter()
     try:
-        p = subprocess.run(cmd, timeout=args.timeout, capture_output=True, text=True)
-        log = p.stdout + p.stderr
-        rc = p.returncode
-    except subprocess.TimeoutExpired as e:
-        log, rc = f"{e.stdout or ''}{e.stderr or ''}", "timeout"
-    (out / f"gpu_vs_vllm_{which}.log").write_text(log if isinstance(log, str) else log.decode(errors="replace"))
+        p = subprocess.run(cmd, timeout=args.timeout, capture_output=True)
+        out_b, err_b, rc = p.stdout, p.stderr, p.returncode
+    except subprocess.TimeoutExpired as e:  # its stdout/stderr are bytes, whatever text= says
+        out_b, err_b, rc = e.stdout or b"", e.stderr or b"", "timeout"
+    log = (out_b + err_b).decode(errors="replace")
+    (out / f"gpu_vs_vllm_{which}.log").write_text(log)
     print(f"{which}: exit {rc} after {time.perf_counter() - t:.0f} s", flush=True)
     if path.exists():
         return json.loads(path.read_text())
-    tail = (log if isinstance(log, str) else "")[-1500:]
-    return {"error": f"exit {rc}", "log_tail": tail}
+    return {"error": f"exit {rc}", "log_tail": log[-1500:]}
 
 
 def table(ours: dict, theirs: dict) -> str:
@@ -179,12 +179,12 @@ def table(ours: dict, theirs: dict) -> str:
             d = d.get(k, {}) if isinstance(d, dict) else {}
         return d if isinstance(d, (int, float)) else None
 
-    rows = [("batch-1 decode, ms per output token (lower is better)", ("decode_b1", "ms_per_token"), False),
-            ("batch-1 time to first token, 256-token prompt, ms", ("decode_b1", "ttft_ms"), False)]
-    rows += [(f"{n} prompts × {p} tokens → {o} out: output tok/s (higher is better)", (k, "output_tok_s"), True)
+    rows = [("batch-1 decode, ms per output token (lower is better)", ("decode_b1", "ms_per_token")),
+            (f"batch-1 time to first token, {B1_PROMPT}-token prompt, ms", ("decode_b1", "ttft_ms"))]
+    rows += [(f"{n} prompts × {p} tokens → {o} out: output tok/s (higher is better)", (k, "output_tok_s"))
              for k, (n, p, o) in WORKLOADS.items()]
     lines = ["| measure | optladder reference engine | vLLM | optladder / vLLM |", "|---|---|---|---|"]
-    for label, keys, _ in rows:
+    for label, keys in rows:
         a, b = cell(ours, *keys), cell(theirs, *keys)
         ratio = f"{a / b:.2f}×" if a is not None and b else "-"
         lines.append(f"| {label} | {a if a is not None else '-'} | {b if b is not None else '-'} | {ratio} |")
