@@ -99,29 +99,43 @@ def kv_blocks(s: Scrape) -> tuple[int, int] | None:
     return None
 
 
-class GaugeSampler:
-    """Reads one gauge every `interval_s` on a thread while a replay runs; a failed read is skipped."""
+class PeriodicSampler:
+    """Calls `sample()` every `interval_s` on a daemon thread between `__enter__` and `__exit__`."""
 
-    def __init__(self, url: str, names: tuple[str, ...] = KV_USAGE, interval_s: float = 0.5):
-        self.url, self.names, self.interval_s = url, names, interval_s
-        self.samples: list[float] = []
+    def __init__(self, interval_s: float, name: str):
+        self.interval_s = interval_s
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="metrics-sampler", daemon=True)
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+
+    def sample(self) -> None:
+        raise NotImplementedError
 
     def _run(self) -> None:
         while not self._stop.is_set():
-            try:
-                v = scrape(self.url, timeout_s=5.0).first(self.names)
-                if v is not None:
-                    self.samples.append(v)
-            except OSError as e:
-                log.debug("metrics sample failed: %s", e)
+            self.sample()
             self._stop.wait(self.interval_s)
 
-    def __enter__(self) -> "GaugeSampler":
+    def __enter__(self):
         self._thread.start()
         return self
 
     def __exit__(self, *exc) -> None:
         self._stop.set()
         self._thread.join(timeout=10)
+
+
+class GaugeSampler(PeriodicSampler):
+    """Reads one gauge every `interval_s` on a thread while a replay runs; a failed read is skipped."""
+
+    def __init__(self, url: str, names: tuple[str, ...] = KV_USAGE, interval_s: float = 0.5):
+        super().__init__(interval_s, "metrics-sampler")
+        self.url, self.names = url, names
+        self.samples: list[float] = []
+
+    def sample(self) -> None:
+        try:
+            v = scrape(self.url, timeout_s=5.0).first(self.names)
+            if v is not None:
+                self.samples.append(v)
+        except OSError as e:
+            log.debug("metrics sample failed: %s", e)

@@ -15,7 +15,6 @@ import logging
 import os
 import sys
 import tempfile
-import threading
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -136,31 +135,20 @@ class _Probe:
         self.metrics: dict[str, float] = {}  # filled when the `measure` block ends
 
 
-class _RssSampler:
+class _RssSampler(prometheus.PeriodicSampler):
     """Peak resident memory of a process and its descendants, sampled on a thread."""
 
     def __init__(self, pid: int, interval_s: float):
-        self.pid, self.interval_s, self.peak = pid, interval_s, 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="rss-sampler", daemon=True)
+        super().__init__(interval_s, "rss-sampler")
+        self.pid, self.peak = pid, 0
 
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            try:
-                root = psutil.Process(self.pid)
-                procs = [root, *root.children(recursive=True)]
-                self.peak = max(self.peak, sum(_rss(p) for p in procs))
-            except psutil.Error:
-                pass
-            self._stop.wait(self.interval_s)
-
-    def __enter__(self) -> "_RssSampler":
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._stop.set()
-        self._thread.join(timeout=10)
+    def sample(self) -> None:
+        try:
+            root = psutil.Process(self.pid)
+            procs = [root, *root.children(recursive=True)]
+            self.peak = max(self.peak, sum(_rss(p) for p in procs))
+        except psutil.Error:
+            pass
 
 
 def _rss(p: psutil.Process) -> int:
