@@ -57,7 +57,8 @@ def main(cfg: DictConfig) -> int:
     overrides = list(hc.overrides.task)
     choices = {k: v for k, v in hc.runtime.choices.items() if not k.startswith("hydra")}
     if cfg.ab is not None or cfg.ladder is not None:
-        from abtest.orchestrate import run_ab, run_ladder
+        from experiments.ab_run import run_ab
+        from experiments.ladder_run import run_ladder
 
         runner = run_ab if cfg.ab is not None else run_ladder
         _exit[0] = runner(cfg, run_dir, overrides, choices)

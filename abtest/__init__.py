@@ -1,7 +1,7 @@
 """A/B comparison: paired statistics, gates, verdicts and rollout plans.
 
 The decision core here is plain bookkeeping (no torch, no Hydra); the orchestration that runs the
-arms builds `ArmResult`s and calls `decide`.
+arms (experiments/ab_run.py) builds `ArmResult`s and calls `decide`.
 """
 from abtest.gates import GateConfig, higher_is_better, validate_metric
 from abtest.rollout import current, promote, rollback, rollout_plan

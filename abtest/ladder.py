@@ -1,21 +1,16 @@
-"""A ladder: the baseline, then one more opt per rung, each rung gated against the last accepted one.
-A rung that fails is reported and left out of the rungs after it. Writes ladder.json, ladder.md (the
-DESIGN.md table: baseline vs all on, and per rung) and ladder.png."""
+"""A ladder's logic on plain data: which opts a rung runs, whether a verdict keeps it, and the ladder's
+table (DESIGN.md's: baseline vs all on, and per rung) and chart. experiments/ladder_run.py runs the rungs.
+
+A rung adds one opt to the last accepted rung and is gated against it; a rung that fails is reported and
+left out of the rungs after it, an undecided one is kept (flagged) when `keep_inconclusive` says so."""
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
-from omegaconf import DictConfig, OmegaConf  # noqa: E402
-
-from abtest.gates import GateConfig  # noqa: E402
-from abtest.lossless import arms_lossless  # noqa: E402
-from abtest.orchestrate import Arm, compose_arm, gate_pair, run_arms, verdict_table  # noqa: E402
-from experiments.tracking import Tracker  # noqa: E402
 
 ROWS = (("TTFT p50 (ms)", "perf/ttft_ms_p50"), ("TPOT p50 (ms)", "perf/tpot_ms_p50"),
         ("E2E p99 (ms)", "perf/e2e_ms_p99"), ("throughput (out tok/s)", "perf/throughput_out_tok_s"),
@@ -79,42 +74,11 @@ def ladder_chart(rungs: list[dict], path: Path) -> Path:
     return path
 
 
-def run_ladder_rungs(cfg: DictConfig, run_dir: Path, base: list[str]) -> int:
-    ladder = OmegaConf.to_object(cfg.ladder)
-    gate = GateConfig.from_dict(OmegaConf.to_container(cfg.gate, resolve=True))
-    parent = Tracker(OmegaConf.to_object(cfg.tracking), f"ladder:{ladder.name}",
-                     {"optladder.kind": "ladder", "ladder": ladder.name})
-    ok = False
-    try:
-        prev = Arm("rung0-baseline", list(base), compose_arm(base, []), [])
-        run_arms([prev], ladder.repeats, run_dir, parent.run_id)
-        rungs = [{"rung": 0, "opt": None, "opts": [], "status": "baseline", "accepted_rung": 0,
-                  "metrics": prev.runs[0].metrics, "run_id": prev.runs[0].run_id}]
-        accepted: list[str] = []
-        accepted_rung = 0
-        for i, opt in enumerate(ladder.rungs, 1):
-            extra = [f"+opt=[{','.join([*accepted, opt])}]"]
-            cand = Arm(f"rung{i}-{opt}", [*base, *extra], compose_arm(base, extra), [])
-            run_arms([cand], ladder.repeats, run_dir, parent.run_id)
-            lossless, _ = arms_lossless(prev.cfg, cand.cfg)
-            verdict, cres = gate_pair(prev, cand, gate, lossless)
-            print(f"rung {i} (+{opt}) vs rung {accepted_rung}:\n{verdict_table(verdict)}")
-            keep = verdict.status == "pass" or (verdict.status == "inconclusive" and ladder.keep_inconclusive)
-            if keep:
-                accepted.append(opt)
-                prev, accepted_rung = cand, i
-            rungs.append({"rung": i, "opt": opt, "opts": [*accepted] if keep else [*accepted, opt],
-                          "status": verdict.status, "kept": keep, "accepted_rung": accepted_rung,
-                          "metrics": cres.metrics, "run_id": cand.runs[0].run_id, "verdict": verdict.to_dict()})
-        table = ladder_table(rungs)
-        (run_dir / "ladder.json").write_text(json.dumps({"ladder": ladder.name, "rungs": rungs,
-                                                         "accepted": accepted}, indent=2, default=str))
-        (run_dir / "ladder.md").write_text(table + "\n")
-        ladder_chart(rungs, run_dir / "ladder.png")
-        print(table)
-        print(f"ladder.json, ladder.md, ladder.png in {run_dir}")
-        ok = True
-        return 0
-    finally:
-        parent.log_artifacts(run_dir)
-        parent.end(ok)
+def rung_opts(accepted: list[str], opt: str) -> list[str]:
+    """The opts a rung runs with: every accepted one so far, plus its own."""
+    return [*accepted, opt]
+
+
+def keeps(status: str, keep_inconclusive: bool) -> bool:
+    """Whether a rung's verdict admits its opt into the rungs after it."""
+    return status == "pass" or (status == "inconclusive" and keep_inconclusive)

@@ -1,24 +1,38 @@
 """Is a candidate lossless against its control? Only when every difference between the two resolved
 configs is a lossless opt (engine/opts.py) or a scheduling knob that changes when tokens are computed,
-never what they are. Then the gates also demand the control's exact outputs."""
+never what they are. Then the gates also demand the control's exact outputs.
+
+Plain data in: the two resolved configs as nested dicts (what `OmegaConf.to_container(cfg, resolve=True)`
+gives). Values are compared as they are, never through a string form that could truncate or collide."""
 from __future__ import annotations
 
-from omegaconf import DictConfig, OmegaConf
+from typing import Any
 
 from engine.opts import OPTS
-from experiments.tracking import flatten
 
 SCHEDULING = {"engine.batch_size", "engine.batch_timeout_ms", "engine.max_num_seqs", "engine.max_num_batched_tokens",
               "engine.block_size", "engine.kv_cache_gb", "engine.kv_cache_memory_fraction"}
 IGNORED = ("tracking.", "replay.progress", "ab.", "ladder.")
+_MISSING = object()
 
 
-def arms_lossless(control: DictConfig, candidate: DictConfig) -> tuple[bool, str]:
-    a = flatten(OmegaConf.to_container(control, resolve=True))
-    b = flatten(OmegaConf.to_container(candidate, resolve=True))
-    diff = sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k) and not k.startswith(IGNORED))
-    lossless_fields = {f"engine.{s.field}": s for s in OPTS.values()}
-    lossy = [k for k in diff if k not in SCHEDULING and not (k in lossless_fields and lossless_fields[k].lossless)]
+def leaves(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Nested dicts -> {"a.b.c": value}; lists and scalars are leaves, kept as they are."""
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        if isinstance(v, dict) and v:
+            out.update(leaves(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def arms_lossless(control: dict[str, Any], candidate: dict[str, Any]) -> tuple[bool, str]:
+    a, b = leaves(control), leaves(candidate)
+    diff = sorted(k for k in set(a) | set(b)
+                  if a.get(k, _MISSING) != b.get(k, _MISSING) and not k.startswith(IGNORED))
+    lossless_fields = {f"engine.{s.field}" for s in OPTS.values() if s.lossless}
+    lossy = [k for k in diff if k not in SCHEDULING and k not in lossless_fields]
     if lossy:
         return False, f"lossy: {', '.join(f'{k}={a.get(k)}->{b.get(k)}' for k in lossy)}"
     return True, f"lossless: differs only in {', '.join(diff) or 'nothing'}"

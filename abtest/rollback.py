@@ -10,8 +10,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from abtest.rollout import current, rollback
-from experiments.snapshot import PROJECT_ROOT
+from abtest.rollout import DEFAULT_REGISTRY, current, rollback
 
 
 def describe(entry: dict) -> str:
@@ -24,7 +23,7 @@ def describe(entry: dict) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description="Return to the previously promoted baseline.")
-    p.add_argument("--registry", default=str(PROJECT_ROOT / "rollouts"))
+    p.add_argument("--registry", default=str(DEFAULT_REGISTRY))
     p.add_argument("--show", action="store_true", help="print the current baseline, change nothing")
     args = p.parse_args(argv)
     if args.show:

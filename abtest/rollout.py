@@ -15,6 +15,8 @@ from typing import Any, Sequence
 
 from abtest.verdict import Verdict
 
+# where promoted baselines are kept unless the caller names another folder: <project>/rollouts
+DEFAULT_REGISTRY = Path(__file__).resolve().parents[1] / "rollouts"
 HISTORY = "history.jsonl"
 CURRENT = "current.json"
 

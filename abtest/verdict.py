@@ -235,3 +235,11 @@ def decide(control: ArmResult, candidate: ArmResult, gate: GateConfig,
     status: Status = "fail" if "fail" in statuses else (
         "inconclusive" if "inconclusive" in statuses else "pass")
     return Verdict(status, results, EXIT_CODES[status], control.name, candidate.name)
+
+
+def verdict_table(verdict: Verdict) -> str:
+    """The verdict and each gate on a line of its own, for the terminal."""
+    lines = [f"verdict: {verdict.status.upper()} (exit {verdict.exit_code})"]
+    for g in verdict.gates:
+        lines.append(f"  [{g.status:>12}] {g.gate}:{g.metric}  {g.reason}")
+    return "\n".join(lines)

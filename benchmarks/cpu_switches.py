@@ -4,7 +4,7 @@ baseline, each lossless switch alone, and all of them together, in one process, 
     .venv/bin/python benchmarks/cpu_switches.py --out benchmarks/results/cpu_switches.md
 
 Every config replays the identical open-loop workload (the builtin one: log-normal lengths, Poisson arrivals
-fast enough to keep a static batch full) through experiments.backends.ReferenceBackend and the in-process
+fast enough to keep a static batch full) through backends.ReferenceBackend and the in-process
 replay driver, with no MLflow. The KV budget is small on purpose: contiguous KV reserves max_model_len slots per
 sequence, so the baseline is KV-bound and paged_kv's effect shows in admission, not only in the memory numbers.
 Each config must also reproduce the baseline's greedy tokens, on the replay and on a few quality prompts.
@@ -30,7 +30,7 @@ from engine.config import EngineConfig, ModelConfig  # noqa: E402
 from engine.loader import load_tokenizer, model_shape  # noqa: E402
 from engine.sequence import SamplingParams  # noqa: E402
 from engine.tokenizer import chat_token_ids  # noqa: E402
-from experiments.backends import ReferenceBackend  # noqa: E402
+from backends.engines import ReferenceBackend  # noqa: E402
 from quality.prompts import QualityConfig, load_prompt_set  # noqa: E402
 from traffic.metrics import compute_metrics  # noqa: E402
 from engine.opts import switch_configs  # noqa: E402

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from experiments.backends import make_backend
+from backends import make_backend
 from experiments.plots import plot_run
 from experiments.snapshot import build_snapshot, write_snapshot
 from experiments.tracking import Tracker, flatten

@@ -9,7 +9,7 @@ from typing import Any, Optional
 from hydra.core.config_store import ConfigStore
 
 from abtest.gates import GateConfig
-from experiments.backends import DRIVERS
+from backends import DRIVERS
 from engine.config import EngineConfig, ModelConfig
 from quality.prompts import QualityConfig
 from traffic.capacity import MODES as CAPACITY_MODES, validate_search

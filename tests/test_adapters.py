@@ -19,9 +19,9 @@ from pathlib import Path
 import psutil
 import pytest
 
-from engine.adapters.launcher import ServerProcess, ServerStartError, port_in_use
-from engine.adapters.opt_map import ALWAYS_ON, FIXED, MAPPED, refuse_unmapped
-from engine.adapters.vllm_args import SUPPORTED, build_launch
+from backends.launcher import ServerProcess, ServerStartError, port_in_use
+from backends.opt_map import ALWAYS_ON, FIXED, MAPPED, refuse_unmapped
+from backends.vllm_args import SUPPORTED, build_launch
 from engine.config import EngineConfig, ModelConfig, ServerConfig
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -93,7 +93,7 @@ def test_settings_vllm_cannot_run_are_refused_before_start():
 
 
 def test_hf_refuses_graphs_without_its_continuous_batching_and_couples_paged_kv():
-    from engine.adapters.hf import opt_mappings
+    from backends.hf import opt_mappings
 
     with pytest.raises(ValueError, match=r"engine=hf.*dynamic_batching,cuda_graphs"):
         opt_mappings(EngineConfig(name="hf", cuda_graphs=True), "cuda")
@@ -102,8 +102,8 @@ def test_hf_refuses_graphs_without_its_continuous_batching_and_couples_paged_kv(
 
 
 def test_openai_records_opts_as_metadata_with_a_warning(tmp_path):
-    from engine.adapters.openai import OpenAIEndpoint
-    from engine.server import serve
+    from backends.openai_endpoint import OpenAIEndpoint
+    from serving.server import serve
     from test_server import tiny_engine
 
     with serve(tiny_engine(), model_name="tiny") as handle:
@@ -174,7 +174,7 @@ def vllm_cfg(python: str, port: int = 0, timeout: float = 60.0) -> EngineConfig:
 
 
 def test_a_port_in_use_is_refused_before_anything_starts(tmp_path):
-    from engine.adapters.vllm import VLLMServer
+    from backends.vllm_server import VLLMServer
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -189,7 +189,7 @@ def test_a_port_in_use_is_refused_before_anything_starts(tmp_path):
 
 
 def test_a_failed_start_reports_exit_code_and_log_tail(tmp_path):
-    from engine.adapters.vllm import VLLMServer
+    from backends.vllm_server import VLLMServer
 
     py = fake_python(tmp_path, "import sys\nprint('loading weights')\nprint('RuntimeError: no device found')\n"
                                "sys.exit(3)\n")
@@ -201,7 +201,7 @@ def test_a_server_that_never_gets_healthy_is_stopped_at_the_deadline(tmp_path):
     proc_file = tmp_path / "pid"
     py = fake_python(tmp_path, f"import os, time\nopen({str(proc_file)!r}, 'w').write(str(os.getpid()))\n"
                                "print('compiling', flush=True)\ntime.sleep(600)\n")
-    from engine.adapters.vllm import VLLMServer
+    from backends.vllm_server import VLLMServer
 
     t0 = time.monotonic()
     with pytest.raises(ServerStartError, match=r"(?s)not healthy .* within 2 s.*compiling"):
@@ -211,7 +211,7 @@ def test_a_server_that_never_gets_healthy_is_stopped_at_the_deadline(tmp_path):
 
 
 def test_metrics_are_read_from_the_servers_prometheus_endpoint(tmp_path):
-    from engine.adapters.vllm import VLLMServer
+    from backends.vllm_server import VLLMServer
 
     with VLLMServer(model_dir(tmp_path), vllm_cfg(fake_python(tmp_path, FAKE_SERVER))) as server:
         with server.measure(interval_s=0.05) as probe:
@@ -225,7 +225,7 @@ def test_metrics_are_read_from_the_servers_prometheus_endpoint(tmp_path):
 RUNNER = textwrap.dedent('''
     import sys, time
     sys.path.insert(0, {root!r})
-    from engine.adapters.vllm import VLLMServer
+    from backends.vllm_server import VLLMServer
     from tests.test_adapters import model_dir, vllm_cfg
     from pathlib import Path
     server = VLLMServer(model_dir(Path({tmp!r})), vllm_cfg({python!r}))
@@ -272,7 +272,7 @@ def test_no_server_process_survives_an_interrupted_run(tmp_path, sig):
 # --- the HF adapter against the reference engine ---
 @pytest.mark.slow
 def test_hf_greedy_text_equals_the_reference_engine_in_float32():
-    from engine.adapters.hf import HFEngine
+    from backends.hf import HFEngine
     from engine.llm_engine import LLMEngine
     from engine.sequence import SamplingParams
     from engine.tokenizer import chat_token_ids
@@ -294,7 +294,7 @@ def test_hf_greedy_text_equals_the_reference_engine_in_float32():
 
 @pytest.mark.parametrize("kw", [{}, {"dynamic_batching": True}])
 def test_hf_replay_gives_per_token_records(kw):
-    from engine.adapters.hf import HFEngine
+    from backends.hf import HFEngine
     from engine.sequence import SamplingParams
     from traffic.replay import InProcessDriver, ReplayConfig
     from traffic.request import Request
@@ -350,7 +350,7 @@ def test_vllm_end_to_end_with_smollm2(tmp_path, tracking_uri):
 
     from experiments.experiment import run_experiment
 
-    from engine.adapters.launcher import free_port
+    from backends.launcher import free_port
 
     port = free_port("127.0.0.1")
     cfg = compose_config(["engine=vllm", "model=smollm2_135m", "workload.num_requests=4", "quality.num_prompts=3",

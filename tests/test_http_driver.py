@@ -14,8 +14,8 @@ import pytest
 from test_server import MAX_LEN, TINY, tiny_engine
 
 from engine.config import EngineConfig
-from engine.server import serve
-from experiments.backends import ReferenceBackend
+from serving.server import serve
+from backends.engines import ReferenceBackend
 from traffic.arrivals import poisson_arrivals
 from traffic.http_driver import HttpReplayConfig, replay_http
 from traffic.metrics import compute_metrics
@@ -105,7 +105,7 @@ def test_backend_replays_over_http_with_the_same_tokens_as_in_process():
 SERVER_SCRIPT = """
 import time
 from test_server import tiny_engine
-from engine.server import serve
+from serving.server import serve
 print(serve(tiny_engine(), model_name="tiny").url, flush=True)
 time.sleep(600)
 """

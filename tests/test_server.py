@@ -10,7 +10,7 @@ import pytest
 
 from engine.config import EngineConfig, ModelConfig
 from engine.llm_engine import LLMEngine
-from engine.server import serve
+from serving.server import serve
 
 TINY = ModelConfig(name="tiny", source="random", package=None, gguf_file=None, tokenizer="smollm2",
                    hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,

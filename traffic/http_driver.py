@@ -1,5 +1,5 @@
 """The HTTP replay driver: locust, headless and programmatic, against any OpenAI-compatible endpoint
-(the reference engine's engine/server.py, vLLM, a remote deployment), with the same records as the
+(the reference engine's serving/server.py, vLLM, a remote deployment), with the same records as the
 in-process driver.
 
     records = replay_http(requests, "http://127.0.0.1:8000", "tiny", HttpReplayConfig(mode="open"), on_record)

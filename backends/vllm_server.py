@@ -1,5 +1,5 @@
 """vLLM as an engine under test: `vllm serve` in a child process of its own environment, our opts as its
-arguments (engine/adapters/vllm_args.py), its Prometheus metrics as ours, and no process left behind.
+arguments (backends/vllm_args.py), its Prometheus metrics as ours, and no process left behind.
 
     with VLLMServer(model_cfg, engine_cfg) as server:        # waits for /health
         with server.measure() as probe:                      # /metrics before, KV gauge during, after
@@ -21,10 +21,10 @@ from pathlib import Path
 
 import psutil
 
-from engine.adapters import prometheus
-from engine.adapters.completions import greedy_completions
-from engine.adapters.launcher import ServerProcess, free_port, install_signal_handlers
-from engine.adapters.vllm_args import build_launch
+from backends import prometheus
+from backends.completions import greedy_completions
+from backends.launcher import ServerProcess, free_port, install_signal_handlers
+from backends.vllm_args import build_launch
 from engine.config import EngineConfig, ModelConfig, ServerConfig
 
 log = logging.getLogger(__name__)

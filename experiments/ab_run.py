@@ -1,6 +1,6 @@
-"""Run an A/B or a ladder: compose each arm from the base config plus its overrides, run the arms on the
-identical requests and prompts (alternating when repeated, so machine drift cancels), gate, and write
-verdict.json, a review page, a rollout plan and, for a ladder, ladder.json with its table and chart."""
+"""Run an A/B: compose each arm from the base config plus its overrides, run the arms on the identical
+requests and prompts (alternating when repeated, so machine drift cancels), gate them with abtest/, and
+write verdict.json, a review page, a rollout plan and the promoted baseline."""
 from __future__ import annotations
 
 import json
@@ -13,11 +13,10 @@ from omegaconf import DictConfig, OmegaConf
 
 from abtest.gates import GateConfig
 from abtest.lossless import arms_lossless
-from abtest.rollout import promote, rollout_plan
+from abtest.rollout import DEFAULT_REGISTRY, promote, rollout_plan
 from abtest.stats import pool_repeats
-from abtest.verdict import ArmResult, Verdict, check_same_traffic, decide
+from abtest.verdict import ArmResult, Verdict, check_same_traffic, decide, verdict_table
 from experiments.experiment import ExperimentResult, run_experiment
-from experiments.snapshot import PROJECT_ROOT
 from experiments.tracking import Tracker
 from quality.prompts import load_prompt_set
 from quality.review import write_review_html
@@ -33,6 +32,10 @@ class Arm:
     cfg: DictConfig
     runs: list[ExperimentResult]
 
+    @property
+    def resolved(self) -> dict:
+        return OmegaConf.to_container(self.cfg, resolve=True)
+
 
 def base_overrides(overrides: list[str]) -> list[str]:
     """The command line minus the A/B or ladder selection itself."""
@@ -42,6 +45,10 @@ def base_overrides(overrides: list[str]) -> list[str]:
 
 def compose_arm(base: list[str], extra: list[str]) -> DictConfig:
     return compose(config_name="config", overrides=[*base, *extra])
+
+
+def gate_config(cfg: DictConfig) -> GateConfig:
+    return GateConfig.from_dict(OmegaConf.to_container(cfg.gate, resolve=True))
 
 
 def run_arms(arms: list[Arm], repeats: int, out_dir: Path, parent_run_id: str | None) -> None:
@@ -62,23 +69,19 @@ def arm_result(arm: Arm) -> ArmResult:
                      first.requests_digest, first.prompts_digest)
 
 
-def gate_pair(control: Arm, candidate: Arm, gate: GateConfig, lossless: bool) -> tuple[Verdict, ArmResult]:
+def gate_pair(control: Arm, candidate: Arm, gate: GateConfig) -> tuple[Verdict, ArmResult, bool, str]:
+    """The verdict of candidate against control, the candidate's measurements with its scores against the
+    control's outputs added, and whether (and why) the candidate counts as lossless."""
+    lossless, why = arms_lossless(control.resolved, candidate.resolved)
     c, k = arm_result(control), arm_result(candidate)
     check_same_traffic(c, k)  # refused before any statistics: the arms must see the same requests and prompts
     vs_control = score_vs_control(k.outputs, c.outputs)
     k.metrics.update(to_metrics(vs_control))
     k.quality_per_prompt["quality/rougeL_vs_control"] = [p["rougeL"] for p in vs_control.per_prompt]
-    return decide(c, k, gate, lossless), k
+    return decide(c, k, gate, lossless), k, lossless, why
 
 
-def verdict_table(verdict: Verdict) -> str:
-    lines = [f"verdict: {verdict.status.upper()} (exit {verdict.exit_code})"]
-    for g in verdict.gates:
-        lines.append(f"  [{g.status:>12}] {g.gate}:{g.metric}  {g.reason}")
-    return "\n".join(lines)
-
-
-def _write(path: Path, obj) -> Path:
+def write_json(path: Path, obj) -> Path:
     path.write_text(json.dumps(obj, indent=2, default=str))
     return path
 
@@ -88,22 +91,20 @@ def run_ab(cfg: DictConfig, run_dir: Path, overrides: list[str], choices: dict) 
     base = base_overrides(overrides)
     control = Arm("control", [*base, *ab.control], compose_arm(base, list(ab.control)), [])
     candidate = Arm("candidate", [*base, *ab.candidate], compose_arm(base, list(ab.candidate)), [])
-    lossless, why = arms_lossless(control.cfg, candidate.cfg)
-    gate = GateConfig.from_dict(OmegaConf.to_container(cfg.gate, resolve=True))
     parent = Tracker(OmegaConf.to_object(cfg.tracking), f"ab:{ab.name}", {"optladder.kind": "ab", "ab": ab.name})
     ok = False
     try:
         run_arms([control, candidate], ab.repeats, run_dir, parent.run_id)
-        verdict, cand = gate_pair(control, candidate, gate, lossless)
+        verdict, cand, lossless, why = gate_pair(control, candidate, gate_config(cfg))
         out = {"ab": ab.name, "control": control.overrides, "candidate": candidate.overrides,
                "candidate_lossless": lossless, "lossless_reason": why, **verdict.to_dict(),
                "control_run_ids": [r.run_id for r in control.runs],
                "candidate_run_ids": [r.run_id for r in candidate.runs]}
-        _write(run_dir / "verdict.json", out)
+        write_json(run_dir / "verdict.json", out)
         _review(cfg, run_dir, control, candidate)
         if verdict.status == "pass":
-            _write(run_dir / "rollout_plan.json", rollout_plan(verdict, ab.name))
-            registry = Path(ab.registry_dir) if ab.registry_dir else PROJECT_ROOT / "rollouts"
+            write_json(run_dir / "rollout_plan.json", rollout_plan(verdict, ab.name))
+            registry = Path(ab.registry_dir) if ab.registry_dir else DEFAULT_REGISTRY
             best = candidate.runs[0]
             promote(registry, best.snapshot, best.run_id or str(best.run_dir), ab.name)  # run dir when untracked
         parent.log_metrics({f"verdict/{k}": v for k, v in cand.metrics.items() if k.startswith("quality/")})
@@ -126,9 +127,3 @@ def _review(cfg: DictConfig, run_dir: Path, control: Arm, candidate: Arm) -> Non
                       n=qcfg.review_prompts,
                       title=f"optladder review: {' '.join(control.overrides) or 'base'} vs "
                             f"{' '.join(candidate.overrides)}")
-
-
-def run_ladder(cfg: DictConfig, run_dir: Path, overrides: list[str], choices: dict) -> int:
-    from abtest.ladder import run_ladder_rungs
-
-    return run_ladder_rungs(cfg, run_dir, base_overrides(overrides))

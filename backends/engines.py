@@ -45,7 +45,7 @@ class ReferenceBackend:
         self.tokenizer = self.engine.tokenizer
         self.load_s, self.start_s = self.engine.load_s, self.engine.start_s
         self.max_model_len = engine_cfg.max_model_len
-        # locust: the same engine behind engine/server.py, replayed over HTTP from another process
+        # locust: the same engine behind serving/server.py, replayed over HTTP from another process
         self.driver, self.request_timeout_s = driver, request_timeout_s
         self.model_name, self.host = model_cfg.name, engine_cfg.server.host
 
@@ -66,7 +66,7 @@ class ReferenceBackend:
         return InProcessDriver(self.engine, self._replay_params, on_record).replay(requests, cfg)
 
     def _replay_http(self, requests, cfg, on_record):
-        from engine.server import serve
+        from serving.server import serve
         from traffic.http_driver import HttpReplayConfig, replay_http
 
         hcfg = HttpReplayConfig(mode=cfg.mode, concurrency=cfg.concurrency, timeout_s=self.request_timeout_s,
@@ -100,12 +100,12 @@ class ReferenceBackend:
 
 
 class HFBackend:
-    """transformers in this process (engine/adapters/hf.py), replayed by the same in-process driver."""
+    """transformers in this process (backends/hf.py), replayed by the same in-process driver."""
 
     name = "hf"
 
     def __init__(self, model_cfg: ModelConfig, engine_cfg: EngineConfig, driver: str = "inprocess"):
-        from engine.adapters.hf import HFEngine
+        from backends.hf import HFEngine
 
         if driver != "inprocess":
             raise ValueError(f"replay.driver={driver!r}: engine=hf runs in this process and has no server; "
@@ -177,12 +177,12 @@ class _HttpBackend:
 
 
 class VLLMBackend(_HttpBackend):
-    """`vllm serve` started for this run and stopped with it (engine/adapters/vllm.py)."""
+    """`vllm serve` started for this run and stopped with it (backends/vllm_server.py)."""
 
     name = "vllm"
 
     def __init__(self, model_cfg: ModelConfig, engine_cfg: EngineConfig, request_timeout_s: float = 3600.0):
-        from engine.adapters.vllm import VLLMServer
+        from backends.vllm_server import VLLMServer
 
         super().__init__(model_cfg, engine_cfg, request_timeout_s)
         self.server = VLLMServer(model_cfg, engine_cfg)
@@ -199,12 +199,12 @@ class VLLMBackend(_HttpBackend):
 
 
 class OpenAIBackend(_HttpBackend):
-    """Any OpenAI-compatible endpoint (engine/adapters/openai.py); its opts are metadata only."""
+    """Any OpenAI-compatible endpoint (backends/openai_endpoint.py); its opts are metadata only."""
 
     name = "openai"
 
     def __init__(self, model_cfg: ModelConfig, engine_cfg: EngineConfig, request_timeout_s: float = 3600.0):
-        from engine.adapters.openai import OpenAIEndpoint
+        from backends.openai_endpoint import OpenAIEndpoint
 
         super().__init__(model_cfg, engine_cfg, request_timeout_s)
         self.server = OpenAIEndpoint(model_cfg, engine_cfg)

@@ -1,4 +1,4 @@
-"""The engine on its own thread, fed by many: what an HTTP server (engine/server.py) puts in front of
+"""The engine on its own thread, fed by many: what an HTTP server (serving/server.py) puts in front of
 `LLMEngine`, which is single-threaded by design.
 
 One thread owns the engine and is the only one to call `add_request` and `step`, exactly as the

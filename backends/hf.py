@@ -13,8 +13,8 @@ import time
 import psutil
 import torch
 
-from engine.adapters.hf_batching import ContinuousRunner, StaticBatcher
-from engine.adapters.opt_map import ALWAYS_ON, FIXED, MAPPED, OptMapping, collect, refuse_unmapped, requested_opts
+from backends.hf_batching import ContinuousRunner, StaticBatcher
+from backends.opt_map import ALWAYS_ON, FIXED, MAPPED, OptMapping, collect, refuse_unmapped, requested_opts
 from engine.config import EngineConfig, ModelConfig
 from engine.sequence import SamplingParams
 

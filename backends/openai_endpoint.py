@@ -10,8 +10,8 @@ from __future__ import annotations
 import logging
 import time
 
-from engine.adapters.completions import EndpointError, get_json, greedy_completions
-from engine.adapters.opt_map import METADATA, OptMapping, collect
+from backends.completions import EndpointError, get_json, greedy_completions
+from backends.opt_map import METADATA, OptMapping, collect
 from engine.config import EngineConfig, ModelConfig
 from engine.opts import OPTS
 

@@ -11,7 +11,7 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from engine.adapters.opt_map import ALWAYS_ON, FIXED, MAPPED, OptMapping, collect, refuse_unmapped, requested_opts
+from backends.opt_map import ALWAYS_ON, FIXED, MAPPED, OptMapping, collect, refuse_unmapped, requested_opts
 from engine.config import EngineConfig
 
 GIB = 1 << 30

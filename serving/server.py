@@ -6,7 +6,7 @@ client sees it (HTTP, streaming, a load generator in another process) and compar
     handle.shutdown()
 
 Stdlib only: a ThreadingHTTPServer (a thread per connection) in front of one engine thread
-(`engine.engine_loop.EngineLoop`), the only thread that touches the engine.
+(`serving.engine_loop.EngineLoop`), the only thread that touches the engine.
 Endpoints: GET /health, GET /v1/models, POST /v1/completions, POST /v1/chat/completions.
 Accepted as vLLM accepts them: `prompt` as text or as a list of token ids (so a replayed prompt keeps its
 exact length), `max_tokens`, `temperature`, `top_p`, `top_k`, `seed`, `ignore_eos`, `min_tokens`, `stream`
@@ -29,8 +29,8 @@ from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import TYPE_CHECKING
 
-from engine.engine_loop import EngineDead, EngineLoop
-from engine.openai_protocol import BadRequest, Completion, chunk, final_response, parse_chat, parse_completion
+from serving.engine_loop import EngineDead, EngineLoop
+from serving.openai_protocol import BadRequest, Completion, chunk, final_response, parse_chat, parse_completion
 
 if TYPE_CHECKING:
     from engine.llm_engine import LLMEngine
