@@ -1,9 +1,21 @@
-"""Attention over the KV cache. `flash_attn` is read once, in `make_backend`.
+"""Attention over the KV cache. `flash_attn` is read once, where the engine calls `make_backend`.
 
-off: naive attention, written out: QKᵀ, mask, softmax, ·V (the baseline a user starts from).
-on:  fused attention: PyTorch SDPA; on CUDA the flash kernel is forced for prefill, so a fallback to a
-     slower kernel raises instead of running silently; decode over the paged cache runs the project's
-     Triton kernel (engine/kernels/paged_decode.py) where it is available.
+Two kinds of step reach attention (engine/model_runner.py):
+- decode: one query per sequence, at its last position (`decode`);
+- varlen (`prefill`): each sequence's queries are the last `query_lens[i]` positions of its context of
+  `context_lens_list[i]` tokens: whole prompts, prompt chunks whose earlier chunks are cached (chunked
+  prefill), prompts whose prefix came from the prefix cache, and, in a mixed step, decode rows (one query).
+  The layer stores the step's K/V in the cache before attention, so a query can read its whole context
+  from the cache.
+
+off: naive attention, written out: QKᵀ, mask, softmax, ·V, sequence by sequence (the baseline a user
+     starts from).
+on:  fused attention: PyTorch SDPA; on CUDA the flash kernel is forced for fresh prompts, so a fallback to
+     a slower kernel raises instead of running silently; a step that reads cached context (a chunk, a prefix
+     hit, a mixed step) runs the project's Triton varlen kernel over the paged cache in one launch
+     (engine/kernels/paged_prefill.py), and decode steps its Triton decode kernel
+     (engine/kernels/paged_decode.py), which serves the contiguous cache too (one block per sequence).
+     On CPU, SDPA: decode rows of a mixed step batched together, the other sequences one by one.
 """
 from __future__ import annotations
 
@@ -23,8 +35,11 @@ class AttnMeta:
     block_tables: torch.Tensor  # [B, max_blocks] (int32 or int64)
     context_lens: torch.Tensor  # [B] tokens in the cache after this step
     max_context_len: int
-    query_lens: list[int] = field(default_factory=list)  # prefill: new tokens per sequence
-    context_lens_list: list[int] = field(default_factory=list)  # prefill: total tokens per sequence
+    query_lens: list[int] = field(default_factory=list)  # varlen: new tokens per sequence
+    context_lens_list: list[int] = field(default_factory=list)  # varlen: total tokens per sequence
+    # the Triton varlen kernel's inputs, set once per step by FusedAttention.plan where it will run
+    query_start: torch.Tensor | None = None  # [B + 1] int32, cumulative query_lens
+    tiles: torch.Tensor | None = None  # [2, num_tiles] int32: sequence index, first query
 
 
 def store_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
@@ -90,13 +105,17 @@ class NaiveAttention:
 
 
 class FusedAttention:
-    """SDPA. On CUDA prefill runs only the flash kernel: if it cannot, SDPA raises."""
+    """SDPA, and on CUDA the project's Triton kernels over the paged cache (see the module docstring)."""
 
-    def __init__(self, device: torch.device, paged_decode=None):
+    def __init__(self, device: torch.device, num_heads: int, num_kv_heads: int, triton: bool | None = None):
+        """triton: the Triton kernels for decode and cached-context steps (default: on CUDA; the tests run
+        them on CPU tensors through Triton's interpreter)."""
         self.cuda = device.type == "cuda"
-        self.paged_decode = paged_decode  # Triton kernel for the paged cache on CUDA, or None
+        self.triton = self.cuda if triton is None else triton
+        self.num_heads, self.num_kv_heads = num_heads, num_kv_heads
         self.name = "sdpa_flash" if self.cuda else "sdpa_cpu"
-        self.decode_backend = "triton_paged" if paged_decode else "sdpa"
+        self.decode_backend = "triton_paged" if self.triton else "sdpa"
+        self.varlen_steps = 0  # steps that ran the varlen kernel: evidence for opts_effective
 
     def _sdpa(self, q, k, v, **kw):
         if not self.cuda:
@@ -105,10 +124,51 @@ class FusedAttention:
         with sdpa_kernel([SDPBackend.FLASH_ATTENTION]):
             return F.scaled_dot_product_attention(q, k, v, enable_gqa=True, **kw)
 
+    @staticmethod
+    def _fresh_prompts_only(meta: AttnMeta) -> bool:
+        return meta.query_lens == meta.context_lens_list
+
+    def plan(self, meta: AttnMeta) -> None:
+        """Once per varlen step: the varlen kernel's tile list, where it will run (CUDA, cached context)."""
+        if not self.triton or self._fresh_prompts_only(meta):
+            return
+        from engine.kernels.paged_prefill import block_q, tile_list
+
+        q_lens = meta.query_lens
+        seq, first = tile_list(q_lens, block_q(self.num_heads, self.num_kv_heads))
+        starts = [0]
+        for n in q_lens:
+            starts.append(starts[-1] + n)
+        host = torch.tensor([*starts, *seq, *first], dtype=torch.int32)
+        dev = host.to(meta.slot_mapping.device)
+        b, n_tiles = len(q_lens), len(seq)
+        meta.query_start = dev[:b + 1]
+        meta.tiles = dev[b + 1:].view(2, n_tiles)
+        self.varlen_steps += 1
+
     def prefill(self, q, k, v, meta: AttnMeta, k_cache, v_cache) -> torch.Tensor:
+        if meta.tiles is not None:
+            from engine.kernels.paged_prefill import paged_prefill_attention
+
+            return paged_prefill_attention(q, k_cache, v_cache, meta.block_tables, meta.query_start,
+                                           meta.context_lens, meta.tiles)
+        out = torch.empty_like(q)
+        starts = [0]
+        for n in meta.query_lens:
+            starts.append(starts[-1] + n)
+        decode_rows = [i for i, n in enumerate(meta.query_lens) if n == 1] if not self.triton else []
+        if len(decode_rows) > 1:  # one batched call for the decode rows of a mixed step
+            idx = torch.tensor([starts[i] for i in decode_rows], device=q.device)
+            sub = AttnMeta(False, meta.slot_mapping, meta.block_tables[decode_rows],
+                           meta.context_lens[decode_rows].to(torch.int32),
+                           max(meta.context_lens_list[i] for i in decode_rows))
+            out[idx] = self.decode(q[idx], sub, k_cache, v_cache)
         from torch.nn.attention.bias import causal_lower_right
-        out, start = torch.empty_like(q), 0
+        skip = set(decode_rows) if len(decode_rows) > 1 else set()
         for i, q_len in enumerate(meta.query_lens):
+            if i in skip:
+                continue
+            start = starts[i]
             ks, vs = _seq_kv(i, k, v, start, meta, k_cache, v_cache)
             qs = q[start:start + q_len].transpose(0, 1)[None]
             ks, vs = ks.transpose(0, 1)[None], vs.transpose(0, 1)[None]
@@ -117,12 +177,13 @@ class FusedAttention:
             else:  # queries are the last q_len positions of the context
                 o = self._sdpa(qs, ks, vs, attn_mask=causal_lower_right(q_len, ks.shape[2]))
             out[start:start + q_len] = o[0].transpose(0, 1)
-            start += q_len
         return out
 
     def decode(self, q, meta: AttnMeta, k_cache, v_cache) -> torch.Tensor:
-        if self.paged_decode is not None:
-            return self.paged_decode(q, k_cache, v_cache, meta.block_tables, meta.context_lens)
+        if self.triton:
+            from engine.kernels.paged_decode import paged_decode_attention
+
+            return paged_decode_attention(q, k_cache, v_cache, meta.block_tables, meta.context_lens)
         ks = gather_kv(k_cache, meta.block_tables, meta.max_context_len).transpose(1, 2)
         vs = gather_kv(v_cache, meta.block_tables, meta.max_context_len).transpose(1, 2)
         pos = torch.arange(meta.max_context_len, device=q.device)
@@ -132,11 +193,5 @@ class FusedAttention:
                                               enable_gqa=True).squeeze(2)
 
 
-def make_backend(flash_attn: bool, device: torch.device, paged: bool):
-    if not flash_attn:
-        return NaiveAttention()
-    paged_decode = None
-    if paged and device.type == "cuda":
-        from engine.kernels.paged_decode import paged_decode_attention
-        paged_decode = paged_decode_attention
-    return FusedAttention(device, paged_decode)
+def make_backend(flash_attn: bool, device: torch.device, num_heads: int, num_kv_heads: int):
+    return FusedAttention(device, num_heads, num_kv_heads) if flash_attn else NaiveAttention()

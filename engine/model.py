@@ -1,13 +1,13 @@
 """A Llama-family decoder in plain PyTorch, over a flat batch of tokens and a block KV cache.
 
 Weights load from Hugging Face safetensors (q/k/v and gate/up fused at load time), or are drawn at
-random on the device for tests and speed work. Attention is delegated to the backend chosen in
-engine/attention.py, the one place `flash_attn` is read.
+random on the device for tests and speed work. Attention is delegated to the backend the engine chose
+(engine/attention.py).
 
-`forward(..., fused=True)` runs the same layers through the fused Triton kernels of
-engine/kernels/fused.py (6 small kernels a layer instead of ~30), and with skinny=True the linear
-layers through engine/kernels/gemv.py (SiLU·mul folded in: 5): the decode step that cuda_graphs captures (engine/cuda_graphs.py).
-It needs Triton, so a CUDA device or Triton's interpreter.
+`forward(..., fused=True)` runs a decode step's layers through the fused Triton kernels of
+engine/kernels/fused.py (6 small kernels a layer instead of ~30: `fused_kernels`), and with skinny=True the
+linear layers through engine/kernels/gemv.py (SiLU·mul folded in: 5; `skinny_gemm`), eagerly or inside the
+graphs of engine/cuda_graphs.py. It needs Triton, so a CUDA device or Triton's interpreter.
 """
 from __future__ import annotations
 
@@ -17,6 +17,15 @@ import torch
 from torch import nn
 
 from engine.attention import AttnMeta, store_kv
+
+
+@dataclass(frozen=True)
+class DecodeKernels:
+    """Which kernels a decode step runs: fused element-wise kernels (fused_kernels) and the skinny GEMM
+    (skinny_gemm), resolved once by the engine from its switches."""
+
+    fused: bool = False
+    skinny: bool = False
 
 
 @dataclass
