@@ -43,6 +43,7 @@ class ModelRunner:
             layer.v_cache = torch.zeros_like(layer.k_cache)
         model.attn = attn
         self.generators: dict[int, torch.Generator] = {}
+        self.eager_decode_steps = 0  # decode steps run outside graphs (through the fused kernels if on)
         self.graphs = None
         if graph_max_batch is not None:
             from engine.cuda_graphs import CUDAGraphRunner
@@ -120,6 +121,7 @@ class ModelRunner:
             logits = self.graphs.run(*self._decode_inputs(seqs), self._table_rows(seqs))
             if logits is not None:
                 return logits
+        self.eager_decode_steps += 1
         return self.model(*self.prepare_decode(seqs), fused=self.kernels.fused, skinny=self.kernels.skinny)
 
     def sample(self, logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:

@@ -164,6 +164,7 @@ def test_tile_list_covers_every_query_once():
 
 
 @needs_triton
+@pytest.mark.skipif(CUDA, reason="the CPU path through Triton's interpreter; on a GPU the replay runs the kernels")
 def test_chunked_prefill_through_the_triton_kernels_keeps_greedy_tokens():
     """The whole engine path of a chunked step (slots, tiles, the varlen and decode kernels) on a tiny
     model: every prompt split, decodes mixed in, the same tokens as naive attention without chunks."""
@@ -279,7 +280,7 @@ class KernelDecode:
 
 
 def run_decode(model, prompts, steps, paged: bool, flash: bool, graphs: bool = False, max_batch: int = 8,
-               decode_kernel: bool = False):
+               decode_kernel: bool = False, kernels=None):
     """Greedy decode through ModelRunner with a hand-made block table; returns the token ids.
     decode_kernel: decode attention through the Triton kernel on any device (on CUDA, flash_attn with
     paged_kv picks it on its own)."""
@@ -296,7 +297,8 @@ def run_decode(model, prompts, steps, paged: bool, flash: bool, graphs: bool = F
     runner = ModelRunner(model, DEVICE, model.embed_tokens.weight.dtype,
                          KVLayout(block_size, len(prompts) * per_seq),
                          make_backend(flash, DEVICE, s.num_attention_heads, s.num_key_value_heads),
-                         DecodeKernels(), graph_max_batch=max_batch if graphs else None, max_model_len=max_len)
+                         kernels or DecodeKernels(), graph_max_batch=max_batch if graphs else None,
+                         max_model_len=max_len)
     if decode_kernel:
         model.attn = KernelDecode()
     seqs = [Sequence(f"r{i}", p, SamplingParams(max_tokens=steps)) for i, p in enumerate(prompts)]
