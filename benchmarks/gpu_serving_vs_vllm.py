@@ -227,8 +227,12 @@ def worker_ours(args) -> dict:
         return [s.num_output_tokens for s in seqs]
 
     res.update(b1_and_bursts(generate))
-    res["replay"] = {str(s): [replay_ours(engine, reqs, s) for _ in range(args.repeats if s > 1 else 1)]
-                     for s in SCALES}
+    save = lambda: args.json.write_text(json.dumps(res, indent=1, default=str))  # noqa: E731  (a timeout keeps what ran)
+    save()
+    res["replay"] = {}
+    for s in SCALES:
+        res["replay"][str(s)] = [replay_ours(engine, reqs, s) for _ in range(args.repeats if s > 1 else 1)]
+        save()
     profile_ours(engine, reqs, 4, args.out)
     res["graphs"] = engine.opts_effective()["cuda_graphs"]
     if not TINY:
@@ -239,6 +243,7 @@ def worker_ours(args) -> dict:
     gc.collect()
     if not TINY:
         torch.cuda.empty_cache()
+    save()
     engine, _ = our_engine(chunked=False)  # the ablation: the same engine, each prefill a step of its own
     res["replay_no_chunked"] = {str(s): [replay_ours(engine, reqs, s)] for s in SCALES if s == 4 or TINY}
     return res
@@ -311,8 +316,10 @@ def worker_vllm(args) -> dict:
                "settings": "AsyncLLM, its defaults (torch.compile + CUDA graphs, chunked prefill, FlashAttention 3 "
                            "on Hopper), prefix caching off, the same KV budget and limits as ours"}
         res.update(b1_and_bursts(generate))
-        res["replay"] = {str(s): [loop.run_until_complete(replay(s)) for _ in range(args.repeats if s > 1 else 1)]
-                         for s in SCALES}
+        res["replay"] = {}
+        for s in SCALES:
+            res["replay"][str(s)] = [loop.run_until_complete(replay(s)) for _ in range(args.repeats if s > 1 else 1)]
+            args.json.write_text(json.dumps(res, indent=1, default=str))  # a timeout keeps what ran
     finally:
         engine.shutdown()
     return res
@@ -407,7 +414,7 @@ def main() -> int:
     ap.add_argument("--make-requests", type=Path, default=None, help="the trace CSV to take the rows from")
     ap.add_argument("--combine", nargs=2, type=Path, default=None, help="ours.json vllm.json")
     ap.add_argument("--tok-dir", default=None)
-    ap.add_argument("--timeout", type=float, default=560)
+    ap.add_argument("--timeout", type=float, default=530)
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--only", choices=["ours", "vllm"], default=None)
     ap.add_argument("--worker", choices=["ours", "vllm"], default=None)
