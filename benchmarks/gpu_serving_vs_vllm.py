@@ -12,8 +12,8 @@ Protocol (the same for both engines, each in its own child process, one after th
   prefix caching off in both; vLLM through its AsyncLLM (torch.compile, CUDA graphs, chunked prefill, FA3);
 - batch-1 decode: (time of a 256-token run − time of a 1-token run) / 255, median of 3; bursts: 64 × 1,000 →
   128 and 8 × 512 → 256 submitted at once.
-Ours is also run without chunked_prefill at 4× (the ablation), and a torch profiler table of a loaded
-stretch at 4× says where the step time goes.
+Ours is also run without chunked_prefill at 4× (the ablation); every step's time and load are summarized,
+and a torch profiler table of 12 steps in the middle of the 4× replay says where the step time goes.
 
     python3 benchmarks/gpu_serving_vs_vllm.py --requests FILE --out $OUT [--only ours|vllm] --tok-dir DIR
     python3 benchmarks/gpu_serving_vs_vllm.py --make-requests CSV --requests FILE   (here: the trace rows)
@@ -45,6 +45,7 @@ NUM_REQUESTS, INPUT_CLIP = 500, 4096
 SCALES = (1, 4, 8)
 B1_PROMPT, B1_TOKENS, B1_REPEATS = 256, 256, 3
 BURSTS = {"burst_64x1000_128": (64, 1000, 128), "burst_8x512_256": (8, 512, 256)}
+PROFILE_SCALE, PROFILE_AT = 4, 400  # the torch profiler's 12 steps: in the middle of the 4x replay
 OUR_OPTS = ("paged_kv", "flash_attn", "dynamic_batching", "batched_decode", "cuda_graphs", "fused_kernels",
             "skinny_gemm", "chunked_prefill")
 TINY = bool(os.environ.get("GPU_SERVING_TINY"))  # a 2-layer shape on the CPU: checks this script's logic only
@@ -53,6 +54,7 @@ if TINY:
                  num_key_value_heads=2, head_dim=32)
     SETTINGS.update(kv_gib=0.05, max_num_seqs=16, max_num_batched_tokens=256, max_model_len=1024)
     NUM_REQUESTS, INPUT_CLIP, SCALES = 12, 200, (50,)
+    PROFILE_SCALE, PROFILE_AT = 50, 3
     B1_PROMPT, B1_TOKENS, B1_REPEATS = 16, 8, 1
     BURSTS = {"burst_64x1000_128": (4, 64, 8)}
 
@@ -156,7 +158,10 @@ def our_engine(chunked: bool):
     return engine, time.perf_counter() - t
 
 
-def replay_ours(engine, reqs, scale: float) -> dict:
+def replay_ours(engine, reqs, scale: float, profile_dir: Path | None = None, profile_at: int = PROFILE_AT,
+                profile_steps: int = 12) -> dict:
+    """The open-loop replay, stepping the engine on this thread; records every step's time and what it
+    carried, and (profile_dir) a torch profiler table of `profile_steps` steps from step `profile_at`."""
     from engine.sequence import SamplingParams
 
     engine.reset_stats()
@@ -164,6 +169,9 @@ def replay_ours(engine, reqs, scale: float) -> dict:
     pending = deque(sorted(reqs, key=lambda r: r[1]))
     recs = {rid: {"scheduled": t0 + t / scale, "first": None, "finished": None, "tokens": 0}
             for rid, t, _, _ in reqs}
+    steps: list[tuple[float, int, int]] = []  # seconds, prompt tokens, decode tokens
+    prof = None
+    st = engine.step_stats
     while pending or engine.has_unfinished():
         now = time.monotonic()
         while pending and recs[pending[0][0]]["scheduled"] <= now:
@@ -173,7 +181,15 @@ def replay_ours(engine, reqs, scale: float) -> dict:
         if not engine.has_unfinished():
             time.sleep(max(0.0, recs[pending[0][0]]["scheduled"] - time.monotonic()))
             continue
-        for ev in engine.step():
+        if profile_dir is not None and len(steps) == profile_at:
+            prof = _start_profiler()
+        p0, d0, t = st.prefill_tokens, st.decode_tokens, time.perf_counter()
+        events = engine.step()
+        steps.append((time.perf_counter() - t, st.prefill_tokens - p0, st.decode_tokens - d0))
+        if prof is not None and len(steps) == profile_at + profile_steps:
+            _stop_profiler(prof, profile_dir / "profile_ours_replay.txt", steps[profile_at:])
+            prof = None
+        for ev in events:
             rec = recs[ev.request_id]
             rec["first"] = rec["first"] or ev.time
             rec["tokens"] = ev.num_output_tokens
@@ -181,33 +197,40 @@ def replay_ours(engine, reqs, scale: float) -> dict:
                 rec["finished"] = ev.time
     out = summarize(list(recs.values()), t0)
     sm = engine.stage_metrics()
-    out["engine"] = {k: round(v, 3) for k, v in sm.items() if k.startswith(("perf/", "stage/")) and
-                     not k.endswith("_count")}
+    out["engine"] = {k: round(v, 3) for k, v in sm.items() if k.startswith(("perf/", "stage/"))}
     out["chunked_prefill"] = engine.opts_effective()["chunked_prefill"]
+    out["steps"] = step_summary(steps)
     return out
 
 
-def profile_ours(engine, reqs, scale: float, out_dir: Path, steps: int = 12) -> str:
-    """A torch profiler table of `steps` engine steps in the middle of a loaded replay."""
-    import torch
+def step_summary(steps: list[tuple[float, int, int]]) -> dict:
+    """Step times (ms) by kind, and the slowest steps with what they carried."""
+    kinds = {"decode": [s for s in steps if not s[1]], "prompt_only": [s for s in steps if s[1] and not s[2]],
+             "mixed": [s for s in steps if s[1] and s[2]]}
+    out = {}
+    for name, xs in kinds.items():
+        ms = [x[0] * 1e3 for x in xs]
+        out[name] = {"n": len(xs), "ms_p50": pct(ms, .5), "ms_p99": pct(ms, .99), "ms_max": max(ms, default=None),
+                     "prompt_tokens_mean": statistics.fmean([x[1] for x in xs]) if xs else None,
+                     "decode_tokens_mean": statistics.fmean([x[2] for x in xs]) if xs else None}
+    out["slowest"] = [[round(s * 1e3, 1), p, d] for s, p, d in sorted(steps, reverse=True)[:15]]
+    return out
+
+
+def _start_profiler():
     from torch.profiler import ProfilerActivity, profile
 
-    from engine.sequence import SamplingParams
+    prof = profile(activities=[ProfilerActivity.CPU] + ([] if TINY else [ProfilerActivity.CUDA]))
+    prof.__enter__()
+    return prof
 
-    for rid, _, ids, n_out in reqs[:120]:  # a loaded engine: prompts and decodes together, as at 4x
-        engine.add_request(f"p{rid}", ids, SamplingParams(max_tokens=n_out, ignore_eos=True))
-    for _ in range(40):
-        engine.step()
-    acts = [ProfilerActivity.CPU] + ([] if TINY else [ProfilerActivity.CUDA])
-    with profile(activities=acts) as prof:
-        for _ in range(steps):
-            engine.step()
+
+def _stop_profiler(prof, path: Path, steps) -> None:
+    prof.__exit__(None, None, None)
     key = "cpu_time_total" if TINY else "device_time_total"
-    table = prof.key_averages().table(sort_by=key, row_limit=25)
-    (out_dir / "profile_ours_loaded.txt").write_text(table)
-    while engine.has_unfinished():
-        engine.step()
-    return table
+    head = "steps profiled (ms, prompt tokens, decode tokens): " + \
+        ", ".join(f"({s * 1e3:.1f}, {p}, {d})" for s, p, d in steps)
+    path.write_text(head + "\n" + prof.key_averages().table(sort_by=key, row_limit=30))
 
 
 def worker_ours(args) -> dict:
@@ -231,9 +254,9 @@ def worker_ours(args) -> dict:
     save()
     res["replay"] = {}
     for s in SCALES:
-        res["replay"][str(s)] = [replay_ours(engine, reqs, s) for _ in range(args.repeats if s > 1 else 1)]
+        res["replay"][str(s)] = [replay_ours(engine, reqs, s, profile_dir=args.out if (s == PROFILE_SCALE and r == 0) else None)
+                                 for r in range(args.repeats if s > 1 else 1)]
         save()
-    profile_ours(engine, reqs, 4, args.out)
     res["graphs"] = engine.opts_effective()["cuda_graphs"]
     if not TINY:
         res.update(gpu=torch.cuda.get_device_name(0), peak_mem_gib=round(torch.cuda.max_memory_allocated() / 2**30, 2))

@@ -24,7 +24,7 @@ if [ "$1" = ours ]; then
       2>&1 | tail -15 | tee "$OUT/kernel_tests.txt"
   python3 benchmarks/gpu_chunked_kernels.py --out "$OUT" 2>&1 | tee "$OUT/kernels_log.txt"
   python3 benchmarks/gpu_serving_vs_vllm.py --only ours --requests .stage/azure500.json --out /tmp/serving
-  cp /tmp/serving/serving_ours.json /tmp/serving/serving_ours.log /tmp/serving/profile_ours_loaded.txt "$OUT/" 2>/dev/null
+  cp /tmp/serving/serving_ours.json /tmp/serving/serving_ours.log /tmp/serving/profile_ours_replay.txt "$OUT/" 2>/dev/null
   wait
 else
   source .vllm-gpu/assemble.sh install || exit 1

@@ -10,12 +10,11 @@ Two kinds of step reach attention (engine/model_runner.py):
 
 off: naive attention, written out: QKᵀ, mask, softmax, ·V, sequence by sequence (the baseline a user
      starts from).
-on:  fused attention: PyTorch SDPA; on CUDA the flash kernel is forced for fresh prompts, so a fallback to
-     a slower kernel raises instead of running silently; a step that reads cached context (a chunk, a prefix
-     hit, a mixed step) runs the project's Triton varlen kernel over the paged cache in one launch
-     (engine/kernels/paged_prefill.py), and decode steps its Triton decode kernel
-     (engine/kernels/paged_decode.py), which serves the contiguous cache too (one block per sequence).
-     On CPU, SDPA: decode rows of a mixed step batched together, the other sequences one by one.
+on:  fused attention. On CUDA the project's Triton kernels over the paged cache: every varlen step (prompts,
+     chunks, prefix hits, mixed steps) in one launch of engine/kernels/paged_prefill.py, decode steps
+     through engine/kernels/paged_decode.py, which serves the contiguous cache too (one block per sequence).
+     On CPU, PyTorch SDPA: the decode rows of a mixed step batched together, the other sequences one by one
+     (with the flash kernel forced where SDPA runs on CUDA, so a fallback raises instead of running slowly).
 """
 from __future__ import annotations
 
@@ -124,13 +123,10 @@ class FusedAttention:
         with sdpa_kernel([SDPBackend.FLASH_ATTENTION]):
             return F.scaled_dot_product_attention(q, k, v, enable_gqa=True, **kw)
 
-    @staticmethod
-    def _fresh_prompts_only(meta: AttnMeta) -> bool:
-        return meta.query_lens == meta.context_lens_list
-
     def plan(self, meta: AttnMeta) -> None:
-        """Once per varlen step: the varlen kernel's tile list, where it will run (CUDA, cached context)."""
-        if not self.triton or self._fresh_prompts_only(meta):
+        """Once per varlen step, where the Triton varlen kernel runs (CUDA): its tile list. It serves fresh
+        prompts too: one launch for a step of many prompts, where SDPA takes one call per sequence."""
+        if not self.triton:
             return
         from engine.kernels.paged_prefill import block_q, tile_list
 

@@ -70,28 +70,32 @@ class ModelRunner:
     def _block_tables(self, seqs: list[Sequence]) -> torch.Tensor:
         return self._table_rows(seqs).to(self.device)
 
-    def _slots(self, seq: Sequence, start: int, end: int) -> np.ndarray:
+    def _slots(self, seq: Sequence, start: int, end: int) -> list[int]:
+        """The cache slots of seq's positions [start, end): numpy for a long run, plain Python for a few
+        (a decode row of a mixed step; a numpy array per row would cost more than its arithmetic)."""
+        bs, table = self.block_size, seq.block_table
+        if end - start <= 16:
+            return [table[p // bs] * bs + p % bs for p in range(start, end)]
         pos = np.arange(start, end)
-        return np.asarray(seq.block_table, dtype=np.int64)[pos // self.block_size] * self.block_size \
-            + pos % self.block_size
+        return (np.asarray(table, dtype=np.int64)[pos // bs] * bs + pos % bs).tolist()
 
     def prepare_varlen(self, batch: Batch):
         """Token ids, positions, attention metadata and the rows whose logits are needed, for a step of
         variable-length queries (each sequence's next num_new_tokens tokens)."""
-        ids, pos, slots = [], [], []
-        q_lens, ctx_lens = batch.num_new_tokens, []
-        for seq, n in zip(batch.seqs, q_lens):
+        ids: list[int] = []
+        pos: list[int] = []
+        slots: list[int] = []
+        q_lens, ctx_lens, last = batch.num_new_tokens, [], []
+        for seq, n, sample in zip(batch.seqs, q_lens, batch.samples):
             start = seq.num_computed_tokens
-            ids.append(np.asarray(seq.token_ids[start:start + n], dtype=np.int64))
-            pos.append(np.arange(start, start + n, dtype=np.int64))
-            slots.append(self._slots(seq, start, start + n))
+            ids += seq.token_ids[start:start + n]
+            pos += range(start, start + n)
+            slots += self._slots(seq, start, start + n)
             ctx_lens.append(start + n)
-        ends = np.cumsum(q_lens)
-        last = (ends - 1)[np.asarray(batch.samples)]
-        t = int(ends[-1])
-        host = np.concatenate([*ids, *pos, *slots, np.asarray(ctx_lens, dtype=np.int64), last])
-        dev = torch.from_numpy(host).to(self.device)  # one host-to-device copy for all of it
-        b = len(ctx_lens)
+            if sample:
+                last.append(len(ids) - 1)
+        t, b = len(ids), len(ctx_lens)
+        dev = torch.tensor(ids + pos + slots + ctx_lens + last, dtype=torch.long).to(self.device)  # one copy
         meta = AttnMeta(True, dev[2 * t:3 * t], self._block_tables(batch.seqs), dev[3 * t:3 * t + b],
                         max(ctx_lens), list(q_lens), ctx_lens)
         plan = getattr(self.model.attn, "plan", None)
@@ -99,11 +103,23 @@ class ModelRunner:
             plan(meta)
         return dev[:t], dev[t:2 * t], meta, dev[3 * t + b:]
 
+    def _fused_varlen(self, meta) -> bool:
+        """The fused element-wise kernels serve a varlen step too when its attention reads everything from
+        the cache (the Triton varlen kernel): the fused layer writes K/V to the cache and keeps no copy."""
+        return self.kernels.fused and meta.tiles is not None
+
     def _decode_inputs(self, seqs: list[Sequence]):
-        ids = [s.last_token for s in seqs]
-        pos = [len(s) - 1 for s in seqs]
-        slots = [int(self._slots(s, p, p + 1)[0]) for s, p in zip(seqs, pos)]
-        return ids, pos, slots, [len(s) for s in seqs]
+        """Plain Python on purpose: a decode step has one token a sequence, and a numpy array per sequence
+        costs more than the arithmetic (this runs every step, on the host, while the GPU waits)."""
+        bs = self.block_size
+        ids, pos, slots, ctx = [], [], [], []
+        for s in seqs:
+            p = len(s) - 1
+            ids.append(s.token_ids[-1])
+            pos.append(p)
+            slots.append(s.block_table[p // bs] * bs + p % bs)
+            ctx.append(p + 1)
+        return ids, pos, slots, ctx
 
     def prepare_decode(self, seqs: list[Sequence]):
         ids, pos, slots, ctx = self._decode_inputs(seqs)
@@ -115,7 +131,8 @@ class ModelRunner:
     def forward(self, batch: Batch) -> torch.Tensor:
         """float32 logits [number of sampled sequences, vocab], in the order of batch.sampled_seqs."""
         if not batch.is_decode:
-            return self.model(*self.prepare_varlen(batch))
+            ids, pos, meta, last = self.prepare_varlen(batch)
+            return self.model(ids, pos, meta, last, fused=self._fused_varlen(meta), skinny=self.kernels.skinny)
         seqs = batch.seqs
         if self.graphs is not None:
             logits = self.graphs.run(*self._decode_inputs(seqs), self._table_rows(seqs))

@@ -280,7 +280,7 @@ class KernelDecode:
 
 
 def run_decode(model, prompts, steps, paged: bool, flash: bool, graphs: bool = False, max_batch: int = 8,
-               decode_kernel: bool = False, kernels=None):
+               decode_kernel: bool = False, kernels=None, attn=None):
     """Greedy decode through ModelRunner with a hand-made block table; returns the token ids.
     decode_kernel: decode attention through the Triton kernel on any device (on CUDA, flash_attn with
     paged_kv picks it on its own)."""
@@ -301,6 +301,8 @@ def run_decode(model, prompts, steps, paged: bool, flash: bool, graphs: bool = F
                          max_model_len=max_len)
     if decode_kernel:
         model.attn = KernelDecode()
+    if attn is not None:
+        model.attn = attn
     seqs = [Sequence(f"r{i}", p, SamplingParams(max_tokens=steps)) for i, p in enumerate(prompts)]
     for i, seq in enumerate(seqs):  # reversed block order: tables that are no identity map
         seq.block_table = [(len(prompts) - 1 - i) * per_seq + j for j in range(per_seq)]

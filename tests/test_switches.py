@@ -61,3 +61,28 @@ def test_fused_decode_kernels_run_when_switched_on_and_keep_the_tokens(monkeypat
     assert got == base
     # 4 decode steps, each an add+RMSNorm before attention and before the MLP of every layer, and a final one
     assert runner.eager_decode_steps == 4 and len(calls) == 4 * (2 * len(model.layers) + 1)
+
+
+def test_fused_kernels_serve_varlen_steps_whose_attention_reads_the_cache(monkeypatch) -> None:
+    """With the Triton attention (what CUDA runs), prompt and mixed steps take the fused layer too."""
+    pytest.importorskip("triton")
+    from tests.test_gpu_paths import CUDA, PROMPTS, run_decode, tiny_model
+
+    if not CUDA and __import__("os").environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("no CUDA and no Triton interpreter")
+    from engine.attention import FusedAttention
+    from engine.kernels import fused
+    from engine.model import DecodeKernels
+
+    calls = []
+    real = fused.add_rmsnorm
+    monkeypatch.setattr(fused, "add_rmsnorm", lambda *a, **k: calls.append(1) or real(*a, **k))
+    model = tiny_model(torch.float32)
+    base, _ = run_decode(model, PROMPTS, 3, paged=True, flash=False)
+    s = model.shape
+    attn = FusedAttention(torch.device("cuda" if CUDA else "cpu"), s.num_attention_heads, s.num_key_value_heads,
+                          triton=True)
+    got, runner = run_decode(model, PROMPTS, 3, paged=True, flash=True, kernels=DecodeKernels(fused=True),
+                             attn=attn)
+    assert got == base
+    assert attn.varlen_steps == 1 and len(calls) == (3 + 1) * (2 * len(model.layers) + 1)

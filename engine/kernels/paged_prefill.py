@@ -29,7 +29,9 @@ BLOCK_M = 64  # rows a program holds: BLOCK_Q queries × the padded query group
 BLOCK_N = 64  # keys a loop iteration reads
 
 
-@triton.jit
+# the block table's width changes from step to step: specializing on it (divisible by 16 or not) would
+# compile the kernel again in the middle of a replay, a stall of a second or more
+@triton.jit(do_not_specialize=["stride_bt"])
 def _varlen_kernel(Q, K, V, O, BT, QSTART, CTX, TILE_SEQ, TILE_Q0, sm_scale,
                    stride_qt, stride_qh, stride_kn, stride_ks, stride_kh, stride_bt, stride_ot, stride_oh,
                    BLOCK_SIZE: tl.constexpr, GROUP: tl.constexpr, G_PAD: tl.constexpr, BLOCK_Q: tl.constexpr,
