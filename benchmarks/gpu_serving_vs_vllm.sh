@@ -18,11 +18,11 @@ OUT=${OUT:-$PWD/gpu_out}
 mkdir -p "$OUT" /tmp/serving
 export PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv | tee "$OUT/nvidia_smi_$1.txt"
-if [ "$1" = ours ]; then
-  bash .vllm-gpu/assemble.sh stage > "$OUT/stage.log" 2>&1 &
-  python3 -m pytest -q --noconftest -p no:cacheprovider tests/test_gpu_paths.py -k "prefill or tile or paged_decode or fused or graph" \
+if [ "$1" = ours ] || [ "$1" = ours-only ]; then  # ours-only: no vLLM chunk to stage, no kernel checks
+  [ "$1" = ours ] && { bash .vllm-gpu/assemble.sh stage > "$OUT/stage.log" 2>&1 & }
+  [ "$1" = ours ] && python3 -m pytest -q --noconftest -p no:cacheprovider tests/test_gpu_paths.py -k "prefill or tile or paged_decode or fused or graph" \
       2>&1 | tail -15 | tee "$OUT/kernel_tests.txt"
-  python3 benchmarks/gpu_chunked_kernels.py --out "$OUT" 2>&1 | tee "$OUT/kernels_log.txt"
+  [ "$1" = ours ] && python3 benchmarks/gpu_chunked_kernels.py --out "$OUT" 2>&1 | tee "$OUT/kernels_log.txt"
   python3 benchmarks/gpu_serving_vs_vllm.py --only ours --requests .stage/azure500.json --out /tmp/serving
   cp /tmp/serving/serving_ours.json /tmp/serving/serving_ours.log /tmp/serving/profile_ours_replay.txt "$OUT/" 2>/dev/null
   wait

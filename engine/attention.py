@@ -38,7 +38,25 @@ class AttnMeta:
     context_lens_list: list[int] = field(default_factory=list)  # varlen: total tokens per sequence
     # the Triton varlen kernel's inputs, set once per step by FusedAttention.plan where it will run
     query_start: torch.Tensor | None = None  # [B + 1] int32, cumulative query_lens
-    tiles: torch.Tensor | None = None  # [2, num_tiles] int32: sequence index, first query
+    tiles: tuple[torch.Tensor, torch.Tensor] | None = None  # int32 [num_tiles] each: sequence index, first query
+
+
+def packed(parts: list[list[int]], dtype: torch.dtype, device: torch.device) -> list[torch.Tensor]:
+    """Several int lists to the device in one copy, each starting on a 16-byte boundary. Triton compiles a
+    kernel per alignment of its pointer arguments: views at offsets that change with the step's size would
+    make it compile again in the middle of a replay (a stall of a second or more), and run slower."""
+    per = 16 // torch.empty((), dtype=dtype).element_size()
+    sizes = [len(x) for x in parts]
+    host: list[int] = []
+    for x in parts:
+        host += x
+        host += [0] * (-len(x) % per)
+    dev = torch.tensor(host, dtype=dtype).to(device)
+    out, start = [], 0
+    for n in sizes:
+        out.append(dev[start:start + n])
+        start += n + (-n % per)
+    return out
 
 
 def store_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
@@ -135,11 +153,8 @@ class FusedAttention:
         starts = [0]
         for n in q_lens:
             starts.append(starts[-1] + n)
-        host = torch.tensor([*starts, *seq, *first], dtype=torch.int32)
-        dev = host.to(meta.slot_mapping.device)
-        b, n_tiles = len(q_lens), len(seq)
-        meta.query_start = dev[:b + 1]
-        meta.tiles = dev[b + 1:].view(2, n_tiles)
+        meta.query_start, tile_seq, tile_first = packed([starts, seq, first], torch.int32, meta.slot_mapping.device)
+        meta.tiles = (tile_seq, tile_first)
         self.varlen_steps += 1
 
     def prefill(self, q, k, v, meta: AttnMeta, k_cache, v_cache) -> torch.Tensor:

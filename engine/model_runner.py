@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from engine.attention import AttnMeta
+from engine.attention import AttnMeta, packed
 from engine.block_manager import KVLayout
 from engine.model import DecodeKernels, LlamaModel, LlamaShape
 from engine.scheduler import Batch
@@ -94,14 +94,12 @@ class ModelRunner:
             ctx_lens.append(start + n)
             if sample:
                 last.append(len(ids) - 1)
-        t, b = len(ids), len(ctx_lens)
-        dev = torch.tensor(ids + pos + slots + ctx_lens + last, dtype=torch.long).to(self.device)  # one copy
-        meta = AttnMeta(True, dev[2 * t:3 * t], self._block_tables(batch.seqs), dev[3 * t:3 * t + b],
-                        max(ctx_lens), list(q_lens), ctx_lens)
+        ids_d, pos_d, slots_d, ctx_d, last_d = packed([ids, pos, slots, ctx_lens, last], torch.long, self.device)
+        meta = AttnMeta(True, slots_d, self._block_tables(batch.seqs), ctx_d, max(ctx_lens), list(q_lens), ctx_lens)
         plan = getattr(self.model.attn, "plan", None)
         if plan is not None:
             plan(meta)
-        return dev[:t], dev[t:2 * t], meta, dev[3 * t + b:]
+        return ids_d, pos_d, meta, last_d
 
     def _fused_varlen(self, meta) -> bool:
         """The fused element-wise kernels serve a varlen step too when its attention reads everything from
@@ -123,9 +121,9 @@ class ModelRunner:
 
     def prepare_decode(self, seqs: list[Sequence]):
         ids, pos, slots, ctx = self._decode_inputs(seqs)
-        dev = torch.tensor([ids, pos, slots, ctx], dtype=torch.long).to(self.device)
-        meta = AttnMeta(False, dev[2], self._block_tables(seqs), dev[3].to(torch.int32), max(ctx))
-        return dev[0], dev[1], meta, torch.arange(len(seqs), device=self.device)
+        ids_d, pos_d, slots_d, ctx_d = packed([ids, pos, slots, ctx], torch.long, self.device)
+        meta = AttnMeta(False, slots_d, self._block_tables(seqs), ctx_d.to(torch.int32), max(ctx))
+        return ids_d, pos_d, meta, torch.arange(len(seqs), device=self.device)
 
     # --- the step ---
     def forward(self, batch: Batch) -> torch.Tensor:

@@ -86,3 +86,15 @@ def test_fused_kernels_serve_varlen_steps_whose_attention_reads_the_cache(monkey
                              attn=attn)
     assert got == base
     assert attn.varlen_steps == 1 and len(calls) == (3 + 1) * (2 * len(model.layers) + 1)
+
+
+def test_packed_puts_every_part_on_a_16_byte_boundary_in_one_copy() -> None:
+    # Triton compiles a kernel per pointer alignment: views at varying offsets would recompile mid-replay
+    from engine.attention import packed
+
+    for parts in ([[1, 2, 3], [4], [5, 6]], [[7], [8, 9, 10, 11, 12], []]):
+        for dtype in (torch.long, torch.int32):
+            out = packed(parts, dtype, torch.device("cpu"))
+            assert [t.tolist() for t in out] == parts
+            assert all(t.data_ptr() % 16 == 0 for t in out)
+            assert len({t.untyped_storage().data_ptr() for t in out}) == 1

@@ -112,8 +112,9 @@ def tile_list(query_lens: list[int], per_tile: int) -> tuple[list[int], list[int
 
 def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                             block_tables: torch.Tensor, query_start: torch.Tensor, context_lens: torch.Tensor,
-                            tiles: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
-    """See the module docstring. tiles: int32 [2, num_tiles] from `tile_list` (on q's device);
+                            tiles, out: torch.Tensor | None = None) -> torch.Tensor:
+    """See the module docstring. tiles: the two int32 rows of `tile_list` (sequence index, first query), on
+    q's device, each best 16-byte aligned (engine/attention.py's `packed`);
     `out` may be given (e.g. poisoned, in tests)."""
     num_tokens, heads, head_dim = q.shape
     _, block_size, kv_heads, _ = k_cache.shape
@@ -121,7 +122,7 @@ def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
     assert k_cache.stride(-1) == 1 and v_cache.stride() == k_cache.stride() and q.stride(-1) == 1
     if out is None:
         out = torch.empty_like(q)
-    num_tiles = tiles.shape[1]
+    num_tiles = tiles[0].shape[0]
     if num_tiles == 0:
         return out
     d_pad = max(16, triton.next_power_of_2(head_dim))
