@@ -390,8 +390,12 @@ def report(ours: dict, theirs: dict) -> str:
     for s in SCALES:
         o = median_run(ours.get("replay", {}).get(str(s), []))
         v = median_run(theirs.get("replay", {}).get(str(s), []))
-        lines.append(row(s, theirs.get("engine", "vLLM"), v))
-        lines.append(row(s, "optladder, chunked_prefill", o))
+        for name, d in ((theirs.get("engine", "vLLM"), theirs), ("optladder, chunked_prefill", ours)):
+            runs = d.get("replay", {}).get(str(s), [])
+            for i, run in enumerate(runs):  # every repeat: a tail is noisy, and a median of two hides one
+                lines.append(row(s, name + (f" (repeat {i + 1})" if len(runs) > 1 else ""), run))
+            if not runs:
+                lines.append(row(s, name, {}))
         nc = median_run(ours.get("replay_no_chunked", {}).get(str(s), []))
         if nc:
             lines.append(row(s, "optladder, without chunked_prefill", nc))
@@ -405,14 +409,15 @@ def report(ours: dict, theirs: dict) -> str:
         a, b = g(ours, *keys), g(theirs, *keys)
         other.append(f"| {label} | {a} | {b} | {f'{a / b:.2f}×' if a and b else '-'} |")
     other.append(f"| engine start, s | {ours.get('init_s')} | {theirs.get('init_s')} | - |")
-    return "\n".join(["## Azure conversation trace, first 500 requests (medians of repeats at 4× and 8×)", "",
+    return "\n".join(["## Azure conversation trace, first 500 requests (each repeat; ratios from medians)", "",
                       *lines, "", "optladder (chunked) / vLLM (≤ 1.00× is level or better for latency, ≥ 0.95× "
                       "for throughput):", "", *ratios, "", "## Batch-1 decode and bursts", "", *other])
 
 
 def write_report(out: Path, ours: dict, theirs: dict) -> str:
     md = ["# optladder (every GPU switch, chunked prefill) vs vLLM under the Azure trace, one GPU", "",
-          f"- command: `bash benchmarks/gpu_serving_vs_vllm.sh` ({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())})",
+          f"- command: `bash benchmarks/gpu_serving_vs_vllm.sh` (report written "
+          f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())})",
           f"- GPU: {ours.get('gpu', '?')}; torch {ours.get('torch', '?')}; {theirs.get('engine', 'vLLM: ' + str(theirs.get('error')))}",
           "- model: Llama-3-8B's shape with a 49,152-token vocabulary, random bf16 weights; identical token ids; "
           "EOS ignored; greedy",
