@@ -87,6 +87,7 @@ class LLMEngine:
         self.kv_timeline = KVTimeline(self.bytes_per_token)
         self.kv_pool_bytes = num_blocks * self.block_size * self.bytes_per_token
         self._peak_rss = 0
+        self._process = psutil.Process(os.getpid())  # once: building it reads /proc, every step would pay that
         self.enabled_opts = enabled_opts(cfg)
         self.start_s = time.perf_counter() - t0
 
@@ -167,7 +168,7 @@ class LLMEngine:
         bm = self.block_manager
         self.kv_timeline.record(now, bm.reserved_tokens, bm.used_tokens)
         if self.device.type == "cpu":
-            self._peak_rss = max(self._peak_rss, psutil.Process(os.getpid()).memory_info().rss)
+            self._peak_rss = max(self._peak_rss, self._process.memory_info().rss)
 
     def generate(self, prompts: list[list[int]], params: SamplingParams | list[SamplingParams],
                  progress=None) -> list[Sequence]:
@@ -199,7 +200,7 @@ class LLMEngine:
         if self.device.type == "cuda":
             peak = torch.cuda.max_memory_allocated(self.device)
         else:
-            peak = self._peak_rss or psutil.Process(os.getpid()).memory_info().rss
+            peak = self._peak_rss or self._process.memory_info().rss
         out = {"perf/peak_mem_gb": peak / GIB, "perf/kv_pool_gb": self.kv_pool_bytes / GIB}
         out.update(self.kv_timeline.metrics())
         return out
