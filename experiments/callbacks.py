@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import atexit
 import os
+import sys
 from typing import Any
 
 from hydra.experimental.callback import Callback
@@ -22,9 +23,14 @@ class MLflowSweepCallback(Callback):
         import mlflow
         from mlflow.tracking import MlflowClient
 
-        from experiments.tracking_server import artifact_location, check_uri
+        from experiments.tracking_server import TrackingUnavailable, artifact_location, check_uri
 
-        uri = check_uri(resolve_uri(config.tracking.uri))  # before any job starts, whatever the launcher
+        try:
+            uri = check_uri(resolve_uri(config.tracking.uri))  # before any job starts, whatever the launcher
+        except (TrackingUnavailable, ValueError) as e:
+            # Hydra turns a callback's Exception into a warning and starts the jobs anyway: exit instead
+            print(f"error: {e}", file=sys.stderr)
+            raise SystemExit(2) from None
         mlflow.set_tracking_uri(uri)
         client = MlflowClient()
         exp = client.get_experiment_by_name(config.tracking.experiment)
