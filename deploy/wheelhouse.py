@@ -85,18 +85,30 @@ def pip(*args: str) -> subprocess.CompletedProcess:
 
 
 def resolve(reqs: list[str], constraints: Path, plat: list[str], local: Path, work: Path) -> list[dict]:
-    """The closure for the target; sdist-only requirements are built into `local` and the resolve retried."""
+    """The closure for the target. A requirement that has no wheel at all (pip: no matching distribution,
+    or a conflict naming it) is built from its sdist into `local`, and the resolve runs again."""
+    tried: set[str] = set()
     for _ in range(20):
         report = work / "report.json"
-        p = pip("install", "--dry-run", "--ignore-installed", "--quiet", "--report", str(report), "--target",
+        p = pip("install", "--dry-run", "--ignore-installed", "--report", str(report), "--target",
                 str(work / "t"), "--find-links", str(local), "-c", str(constraints), *plat, *reqs)
         if p.returncode == 0:
             return [i["metadata"] for i in json.loads(report.read_text())["install"]]
-        m = re.search(r"No matching distribution found for (\S+)", p.stderr)
-        if not m:
-            raise SystemExit(f"error: pip could not resolve the requirements:\n{p.stderr[-3000:]}")
-        build_sdist(m.group(1), local, work)
+        out = p.stdout + p.stderr
+        specs = re.findall(r"No matching distribution found for (\S+)", out) or re.findall(r"depends on (\S+)", out)
+        new = [s for s in dict.fromkeys(specs) if s not in tried]
+        tried.update(new)
+        missing = [s for s in new if not has_wheel(s, plat, local, work)]
+        if not missing:
+            raise SystemExit(f"error: pip could not resolve the requirements:\n{out[-3000:]}")
+        for spec in missing:
+            build_sdist(spec, local, work)
     raise SystemExit("error: too many sdist-only requirements")
+
+
+def has_wheel(spec: str, plat: list[str], local: Path, work: Path) -> bool:
+    p = pip("download", "--no-deps", "-q", "-d", str(work / "probe"), "--find-links", str(local), *plat, spec)
+    return p.returncode == 0
 
 
 def build_sdist(req: str, local: Path, work: Path) -> None:
