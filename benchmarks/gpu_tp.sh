@@ -41,7 +41,8 @@ install() {
     cp wheelhouse/manifest.tsv wheelhouse/requirements.txt /tmp/wheelhouse-stage/ 2>/dev/null
     $PY deploy/install.py --from wheelhouse --target /tmp/site-optladder 2>&1 | tee "$OUT/install.log" || exit 1
   fi
-  export PYTHONPATH=/tmp/site:/tmp/site-optladder
+  # ours first: where a vLLM-bundle pin conflicts with the project (cachetools), the project's copy wins
+  export PYTHONPATH=/tmp/site-optladder:/tmp/site
   nvidia-smi --query-gpu=index,name,driver_version,memory.total --format=csv | tee "$OUT/nvidia_smi.txt"
   $PY -c "import torch, vllm, hydra, mlflow, ray; print('torch', torch.__version__, 'gpus', torch.cuda.device_count(),
   'vllm', vllm.__version__, 'mlflow', mlflow.__version__, 'ray', ray.__version__)" | tee "$OUT/versions.txt"

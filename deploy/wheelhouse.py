@@ -84,17 +84,26 @@ def pip(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "pip", *args], capture_output=True, text=True)
 
 
-def resolve(reqs: list[str], constraints: Path, plat: list[str], local: Path, work: Path) -> list[dict]:
-    """The closure for the target. A requirement that has no wheel at all (pip: no matching distribution,
-    or a conflict naming it) is built from its sdist into `local`, and the resolve runs again."""
+def resolve(reqs: list[str], pins: list[str], plat: list[str], local: Path, work: Path) -> list[dict]:
+    """The closure for the target, preferring the vLLM bundle's versions (pins). A requirement with no wheel
+    at all (pip: no matching distribution, or a conflict naming it) is built from its sdist into `local`; a
+    bundle pin that conflicts with the project's needs is dropped (the project's copy then comes first on
+    the GPU host's path). Then the resolve runs again."""
     tried: set[str] = set()
-    for _ in range(20):
-        report = work / "report.json"
+    pins = list(pins)
+    for _ in range(30):
+        report, constraints = work / "report.json", work / "constraints.txt"
+        constraints.write_text("\n".join(pins) + "\n")
         p = pip("install", "--dry-run", "--ignore-installed", "--report", str(report), "--target",
                 str(work / "t"), "--find-links", str(local), "-c", str(constraints), *plat, *reqs)
         if p.returncode == 0:
             return [i["metadata"] for i in json.loads(report.read_text())["install"]]
         out = p.stdout + p.stderr
+        pinned = re.findall(r"The user requested \(constraint\) (\S+)", out)
+        if pinned:
+            print(f"  the bundle's {', '.join(pinned)} conflicts with the project's requirements: not pinned", flush=True)
+            pins = [x for x in pins if x not in pinned]
+            continue
         specs = re.findall(r"No matching distribution found for (\S+)", out) or re.findall(r"depends on (\S+)", out)
         new = [s for s in dict.fromkeys(specs) if s not in tried]
         tried.update(new)
@@ -103,7 +112,7 @@ def resolve(reqs: list[str], constraints: Path, plat: list[str], local: Path, wo
             raise SystemExit(f"error: pip could not resolve the requirements:\n{out[-3000:]}")
         for spec in missing:
             build_sdist(spec, local, work)
-    raise SystemExit("error: too many sdist-only requirements")
+    raise SystemExit("error: the resolve did not settle after 30 rounds")
 
 
 def has_wheel(spec: str, plat: list[str], local: Path, work: Path) -> bool:
@@ -188,7 +197,7 @@ def main(argv: list[str] | None = None) -> None:
         work, local = Path(tmp), Path(tmp) / "local"
         local.mkdir()
         print(f"resolving {len(reqs)} requirements for CPython {a.python} on {a.platform} ...", flush=True)
-        closure = resolve(reqs, HERE / "vllm_bundle.txt", plat, local, work)
+        closure = resolve(reqs, read_list(HERE / "vllm_bundle.txt"), plat, local, work)
         carried, skipped = [], []
         for m in closure:
             s = skipped_by(m["name"], skips)
