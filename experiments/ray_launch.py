@@ -79,7 +79,10 @@ def forwarded_env(prefixes: Sequence[str], cwd: str) -> dict[str, str]:
 
 def launch_jobs(settings: RaySettings, config: DictConfig, hydra_context: Any, task_function: Any,
                 job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> list:
-    import ray
+    try:
+        import ray
+    except ImportError:
+        raise SystemExit("error: hydra/launcher=ray needs Ray, which is not installed: pip install -e '.[ray]'") from None
     from hydra.core.singleton import Singleton
     from hydra.core.utils import filter_overrides, setup_globals
 
