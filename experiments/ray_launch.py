@@ -96,7 +96,9 @@ def launch_jobs(settings: RaySettings, config: DictConfig, hydra_context: Any, t
         node_gpus = max((n["Resources"].get("GPU", 0) for n in ray.nodes() if n["Alive"]), default=0)
         needs = [gpus_for_job(settings.gpus_per_job, j.engine, node_gpus) for j in jobs]
         check_fits(needs, node_gpus, labels)
-        run = ray.remote(max_calls=1)(_run_job)
+        # max_retries=0: a job whose worker died (Ray's memory monitor, a lost node) is reported failed, never
+        # rerun behind the user's back beside the half-logged MLflow run of the first attempt
+        run = ray.remote(max_calls=1, max_retries=0)(_run_job)
         state = Singleton.get_state()
         refs = []
         for job, n, label in zip(jobs, needs, labels):
