@@ -202,12 +202,11 @@ def main(argv: list[str] | None = None) -> None:
         for m in closure:
             s = skipped_by(m["name"], skips)
             (skipped if s else carried).append((m["name"], m["version"], s[1] if s else None))
-        for i, (name, version, _) in enumerate(carried, 1):
-            print(f"  [{i}/{len(carried)}] {name}=={version}", flush=True)
-            p = pip("download", "--no-deps", "-d", str(wheels), "--find-links", str(local), *plat,
-                    f"{name}=={version}")
-            if p.returncode:
-                raise SystemExit(f"error: downloading {name}=={version} failed:\n{p.stderr[-2000:]}")
+        print(f"downloading {len(carried)} wheels (skipping {len(skipped)} the image brings) ...", flush=True)
+        p = pip("download", "--no-deps", "--progress-bar", "on", "-d", str(wheels), "--find-links", str(local),
+                *plat, *[f"{n}=={v}" for n, v, _ in carried])  # one pip for all: its start-up is most of the cost
+        if p.returncode:
+            raise SystemExit(f"error: downloading the wheels failed:\n{p.stderr[-2000:]}")
     files = sorted(wheels.glob("*.whl"))
     lines = pack(files, a.out, a.chunk_mib)
     shutil.rmtree(wheels)
