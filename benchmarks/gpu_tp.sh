@@ -10,12 +10,16 @@
 #   echo /.vllm-gpu/ >> .git/info/exclude; bash ../shared/tools/vllm-gpu/build.sh   # .vllm-gpu/c1 c2 manifest.tsv
 #   make wheelhouse                                        # wheelhouse/c1 ... manifest.tsv requirements.txt
 #   mkdir -p .gpu-data && cp -r ../shared/data/traces ../shared/data/prompts .gpu-data/   # 3.4 MB: the Azure trace
-# Device calls, back to back (the machine keeps /tmp only while it stays warm), each carrying <= 64 MiB:
-#   bash benchmarks/gpu_tp.sh stage     carry: .vllm-gpu/c1 .vllm-gpu/assemble.sh
-#   bash benchmarks/gpu_tp.sh stage     carry: .vllm-gpu/c2 wheelhouse/cK ... (any chunks that fit, one call each)
-#   bash benchmarks/gpu_tp.sh sweep     carry: the last chunks, .vllm-gpu/{manifest.tsv,assemble.sh},
-#                                              wheelhouse/{manifest.tsv,requirements.txt} .gpu-data
-#   bash benchmarks/gpu_tp.sh tp        carry: .vllm-gpu/{manifest.tsv,assemble.sh} wheelhouse/{manifest.tsv,requirements.txt} .gpu-data
+# Device calls (kind nvidia-h200-x2), back to back (the machine keeps /tmp only while it stays warm), each
+# carrying <= 64 MiB; measured here: the vLLM bundle is c1 56 + c2 ~30 MiB, the wheelhouse 136.8 MiB in
+# c1 56 + c2 56 + c3 ~25 MiB (113 wheels; 82 packages left to the image):
+#   1  bash benchmarks/gpu_tp.sh stage   carry: .vllm-gpu/c1 .vllm-gpu/assemble.sh
+#   2  bash benchmarks/gpu_tp.sh stage   carry: wheelhouse/c1
+#   3  bash benchmarks/gpu_tp.sh stage   carry: wheelhouse/c2
+#   4  bash benchmarks/gpu_tp.sh sweep   carry: .vllm-gpu/c2 wheelhouse/c3 .vllm-gpu/manifest.tsv .vllm-gpu/assemble.sh
+#                                               wheelhouse/manifest.tsv wheelhouse/requirements.txt .gpu-data
+#   5  bash benchmarks/gpu_tp.sh tp      carry: .vllm-gpu/manifest.tsv .vllm-gpu/assemble.sh wheelhouse/manifest.tsv
+#                                               wheelhouse/requirements.txt .gpu-data
 # (`all` runs sweep then tp in one call when the 10-minute limit allows.) Results under $OUT: gpu_tp.md,
 # each run's summary.json, the MLflow database of the runs (mlflow.db) and logs.
 set -uo pipefail
