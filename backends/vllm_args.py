@@ -110,18 +110,32 @@ def kv_cache_settings(cfg: EngineConfig, device_type: str) -> tuple[list[str], d
     return ["--kv-cache-memory-bytes", str(math.floor(cfg.kv_cache_gb * GIB))], env
 
 
+def check_tensor_parallel(tp: int, device_type: str, visible_gpus: int) -> None:
+    """Refused before vLLM starts: vLLM would otherwise load for minutes, then fail in its NCCL set-up."""
+    if tp == 1:
+        return
+    if device_type != "cuda":
+        raise ValueError(f"engine.server.tensor_parallel_size={tp} splits the model across CUDA GPUs, but vLLM "
+                         "runs on the CPU here: set it to 1")
+    if tp > visible_gpus:
+        raise ValueError(f"engine.server.tensor_parallel_size={tp}, but {visible_gpus} GPU(s) are visible here "
+                         "(CUDA_VISIBLE_DEVICES, or what a launcher granted the job): at most "
+                         f"{visible_gpus}, or give the job more GPUs (hydra.launcher.gpus_per_job)")
+
+
 def build_launch(cfg: EngineConfig, device_type: str, model_dir: Path | str, served_model_name: str,
-                 host: str, port: int) -> VLLMLaunch:
+                 host: str, port: int, model_args: list[str] | None = None) -> VLLMLaunch:
     """Everything after `vllm serve`, server options first and engine.server.extra_args last, so a user's
-    own flag wins over ours."""
+    own flag wins over ours. model_args: what the model folder needs (`--load-format dummy` for a shape)."""
     if device_type not in ("cpu", "cuda"):
         raise ValueError(f"device type {device_type!r} is not one of ['cpu', 'cuda']")
     opt_args, env, effective = collect(opt_mappings(cfg, device_type))
     dtype = resolve_dtype(cfg.dtype, device_type)
     kv_args, kv_env = kv_cache_settings(cfg, device_type)
-    args = [str(model_dir), "--host", host, "--port", str(port), "--served-model-name", served_model_name,
+    args = [str(model_dir), *(model_args or []), "--host", host, "--port", str(port), "--served-model-name", served_model_name,
             "--dtype", dtype, "--max-model-len", str(cfg.max_model_len), "--seed", str(cfg.seed),
             # the checkpoint's generation_config.json must not change sampling: every request sets its own
             "--generation-config", "vllm", "--disable-uvicorn-access-log",
+            "--tensor-parallel-size", str(cfg.server.tensor_parallel_size),
             *kv_args, *opt_args, *cfg.server.extra_args]
     return VLLMLaunch(args, {**env, **kv_env, **cfg.server.env}, effective, dtype)

@@ -24,11 +24,12 @@ import psutil
 from backends import prometheus
 from backends.completions import greedy_completions
 from backends.launcher import ServerProcess, free_port, install_signal_handlers
-from backends.vllm_args import build_launch
+from backends.vllm_args import build_launch, check_tensor_parallel
+from backends.vllm_model import model_folder
 from engine.config import EngineConfig, ModelConfig, ServerConfig
 
 log = logging.getLogger(__name__)
-PROJECT_ROOT = Path(__file__).resolve().parents[2]
+PROJECT_ROOT = Path(__file__).resolve().parents[1]
 VLLM_VENV_PYTHON = PROJECT_ROOT / ".venv-vllm" / "bin" / "python"
 VLLM_CLI = Path(__file__).with_name("vllm_cli.py")
 GIB = float(1 << 30)
@@ -48,13 +49,10 @@ def device_type(engine_cfg: EngineConfig) -> str:
     return resolve_device(engine_cfg.device).type
 
 
-def model_dir(model_cfg: ModelConfig) -> Path:
-    from engine.loader import converted_dir
+def visible_gpus() -> int:
+    import torch
 
-    if model_cfg.source == "random":
-        raise ValueError(f"model {model_cfg.name!r} has random weights (model.source=random); engine=vllm serves "
-                         "weights from disk: use model.source gguf_package or hf_dir (e.g. model=smollm2_135m)")
-    return converted_dir(model_cfg)
+    return torch.cuda.device_count()  # counts what CUDA_VISIBLE_DEVICES leaves visible
 
 
 class VLLMServer:
@@ -66,9 +64,10 @@ class VLLMServer:
         srv = engine_cfg.server
         self.model = srv.served_model_name or model_cfg.name
         self.max_model_len = engine_cfg.max_model_len
-        path = model_dir(model_cfg)
+        check_tensor_parallel(srv.tensor_parallel_size, dev, visible_gpus() if dev == "cuda" else 0)
+        path, model_args = model_folder(model_cfg)
         port = srv.port or free_port(srv.host)
-        launch = build_launch(engine_cfg, dev, path, self.model, srv.host, port)
+        launch = build_launch(engine_cfg, dev, path, self.model, srv.host, port, model_args)
         self.cmd = [vllm_python(srv), str(VLLM_CLI), "serve", *launch.args]
         log_dir = Path(log_dir or tempfile.mkdtemp(prefix="optladder-vllm-"))
         self.log_path = log_dir / f"vllm-{port}.log"

@@ -56,8 +56,13 @@ class ServerConfig:
     api_key: Optional[str] = None
     served_model_name: Optional[str] = None
     startup_timeout_s: float = 600.0
+    tensor_parallel_size: int = 1  # engine=vllm: GPUs one model is split across (vLLM's --tensor-parallel-size)
     extra_args: list[str] = field(default_factory=list)
     env: dict[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.tensor_parallel_size < 1:
+            raise ValueError(f"engine.server.tensor_parallel_size={self.tensor_parallel_size}: must be >= 1")
 
 
 @dataclass

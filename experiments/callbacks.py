@@ -1,7 +1,9 @@
 """A Hydra multirun becomes one MLflow parent run with a child run per job."""
 from __future__ import annotations
 
+import atexit
 import os
+import sys
 from typing import Any
 
 from hydra.experimental.callback import Callback
@@ -21,18 +23,26 @@ class MLflowSweepCallback(Callback):
         import mlflow
         from mlflow.tracking import MlflowClient
 
-        from experiments.snapshot import PROJECT_ROOT
+        from experiments.tracking_server import TrackingUnavailable, artifact_location, check_uri
 
-        mlflow.set_tracking_uri(resolve_uri(config.tracking.uri))
+        try:
+            uri = check_uri(resolve_uri(config.tracking.uri))  # before any job starts, whatever the launcher
+        except (TrackingUnavailable, ValueError) as e:
+            # Hydra turns a callback's Exception into a warning and starts the jobs anyway: exit instead
+            print(f"error: {e}", file=sys.stderr)
+            raise SystemExit(2) from None
+        mlflow.set_tracking_uri(uri)
         client = MlflowClient()
         exp = client.get_experiment_by_name(config.tracking.experiment)
         exp_id = exp.experiment_id if exp else client.create_experiment(
-            config.tracking.experiment, artifact_location=(PROJECT_ROOT / "mlartifacts").as_uri())
+            config.tracking.experiment, artifact_location=artifact_location(uri))
         sweep = " ".join(config.hydra.overrides.task) if "hydra" in config else ""
         run = client.create_run(exp_id, run_name=f"sweep: {sweep}"[:250] or "sweep",
                                 tags={"optladder.kind": "sweep", "sweep_dir": str(config.hydra.sweep.dir)})
         self.parent_run_id = run.info.run_id
-        os.environ[PARENT_ENV] = self.parent_run_id
+        os.environ[PARENT_ENV] = self.parent_run_id  # launchers hand it to jobs in other processes
+        # a failed job makes Hydra's sweeper raise before on_multirun_end: close the parent as FAILED then
+        atexit.register(self._close, "FAILED")
 
     def on_job_end(self, config: DictConfig, job_return: Any, **kwargs: Any) -> None:
         from hydra.core.utils import JobStatus
@@ -41,9 +51,13 @@ class MLflowSweepCallback(Callback):
             self.failed += 1
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        self._close("FAILED" if self.failed else "FINISHED")
+
+    def _close(self, status: str) -> None:
         if self.parent_run_id is None:
             return
         from mlflow.tracking import MlflowClient
 
-        MlflowClient().set_terminated(self.parent_run_id, status="FAILED" if self.failed else "FINISHED")
+        MlflowClient().set_terminated(self.parent_run_id, status=status)
+        self.parent_run_id = None
         os.environ.pop(PARENT_ENV, None)

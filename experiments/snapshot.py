@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime as dt
 import importlib.metadata as md
 import json
+import os
 import platform
 import subprocess
 import sys
@@ -34,6 +35,8 @@ def environment() -> dict:
         except md.PackageNotFoundError:
             continue
     env["packages"] = pkgs
+    # the GPUs a launcher (Ray, SLURM) granted this job; None: all of the machine's
+    env["cuda_visible_devices"] = os.environ.get("CUDA_VISIBLE_DEVICES")
     try:
         import torch
 

@@ -7,6 +7,7 @@ import os
 from pathlib import Path
 
 from experiments.snapshot import PROJECT_ROOT
+from experiments.tracking_server import artifact_location, check_uri
 
 log = logging.getLogger(__name__)
 PARENT_ENV = "OPTLADDER_PARENT_RUN_ID"
@@ -42,11 +43,11 @@ class Tracker:
         import mlflow
 
         self.mlflow = mlflow
-        mlflow.set_tracking_uri(resolve_uri(cfg.uri))
+        uri = check_uri(resolve_uri(cfg.uri))  # a server that is down fails here, before weights load
+        mlflow.set_tracking_uri(uri)
         exp = mlflow.get_experiment_by_name(cfg.experiment)
         if exp is None:
-            artifacts = (PROJECT_ROOT / "mlartifacts").as_uri()
-            mlflow.create_experiment(cfg.experiment, artifact_location=artifacts)
+            mlflow.create_experiment(cfg.experiment, artifact_location=artifact_location(uri))
         mlflow.set_experiment(cfg.experiment)
         if cfg.system_metrics:
             mlflow.set_system_metrics_sampling_interval(cfg.system_metrics_interval_s)

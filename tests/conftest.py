@@ -47,3 +47,13 @@ def one_torch_thread():
 @pytest.fixture
 def tracking_uri(tmp_path: Path) -> str:
     return f"sqlite:///{tmp_path / 'mlflow.db'}"
+
+
+@pytest.fixture(scope="session")
+def mlflow_server_uri(tmp_path_factory) -> str:
+    """One real `mlflow server` (SQLite) for the scale-out tests of the whole session: it takes seconds to start."""
+    from tests.services import mlflow_server
+
+    tmp = tmp_path_factory.mktemp("mlflow-server")
+    with mlflow_server(f"sqlite:///{tmp / 'mlflow.db'}", tmp / "artifacts") as uri:
+        yield uri

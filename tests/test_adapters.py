@@ -132,16 +132,19 @@ def test_openai_records_opts_as_metadata_with_a_warning(tmp_path):
 @needs_vllm
 def test_vllms_own_parser_accepts_our_arguments():
     """Flag names move between vLLM versions: the installed vLLM parses what we build, or this fails."""
+    tp2 = build_launch(EngineConfig(name="vllm", server=ServerConfig(tensor_parallel_size=2)), "cuda", "/models/s",
+                       "s", "127.0.0.1", 8123, ["--load-format", "dummy"])  # a 70B shape on two GPUs
     sets = [launch().args, launch("cuda", flash_attn=True, cuda_graphs=True, block_size=16).args,
-            launch(kv_cache_gb=0.5, paged_kv=True, prefix_cache=True).args]
+            launch(kv_cache_gb=0.5, paged_kv=True, prefix_cache=True).args, tp2.args]
     code = ("import json, sys\nfrom vllm.entrypoints.launchers.cli_args import make_arg_parser\n"
             "from vllm.utils.argparse_utils import FlexibleArgumentParser\n"
             "p = make_arg_parser(FlexibleArgumentParser())\n"
             "for a in json.loads(sys.argv[1]):\n    ns = p.parse_args(['--model', *a])\n"
-            "    print(ns.block_size, ns.enable_prefix_caching, ns.dtype)\n")
+            "    print(ns.block_size, ns.enable_prefix_caching, ns.dtype, ns.tensor_parallel_size, ns.load_format)\n")
     out = subprocess.run([str(VLLM_PY), "-c", code, json.dumps(sets)], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
-    assert out.stdout.split("\n")[:3] == ["128 False float32", "16 False bfloat16", "128 True float32"]
+    assert out.stdout.split("\n")[:4] == ["128 False float32 1 auto", "16 False bfloat16 1 auto",
+                                           "128 True float32 1 auto", "16 False bfloat16 2 dummy"]
 
 
 # --- the launcher: a fake `vllm serve` run by engine.server.python ---

@@ -1,0 +1,2 @@
+"""Installing the project where no registry is reached: `make wheelhouse` here (wheelhouse.py), then
+install.py on the GPU host."""

@@ -1,0 +1,1 @@
+"""The project's Hydra launchers: Hydra looks for launchers under the hydra_plugins namespace only."""
