@@ -17,7 +17,8 @@ from omegaconf import OmegaConf
 from engine.config import EngineConfig, ModelConfig
 from engine.detokenizer import Detokenizer
 from engine.llm_engine import LLMEngine
-from engine.loader import load_tokenizer
+from engine.model_runner import kv_bytes_per_token
+from engine.loader import load_tokenizer, model_shape
 from engine.opts import switch_configs
 from engine.sequence import SamplingParams, Sequence, SeqStatus
 from engine.tokenizer import chat_token_ids
@@ -170,9 +171,12 @@ CHUNKED = dict(paged_kv=True, dynamic_batching=True, chunked_prefill=True, max_n
 
 @pytest.mark.parametrize("extra", [pytest.param({}, id="alone"),
                                    pytest.param(dict(prefix_cache=True), id="prefix_cache"),
-                                   pytest.param(dict(kv_cache_gb=0.00016), id="preemption"),
+                                   pytest.param(dict(kv_blocks=20), id="preemption"),
                                    pytest.param(ALL, id="all_on")])
 def test_chunked_prefill_with_every_prompt_split_reproduces_the_baseline(runs: Runs, extra: dict) -> None:
+    if "kv_blocks" in extra:  # 20 blocks of 16 tokens: one max-length sequence fits, all of them together don't
+        per_token = kv_bytes_per_token(model_shape(runs.model_cfg), getattr(torch, BASE["dtype"]))
+        extra = dict(kv_cache_gb=extra["kv_blocks"] * 16 * per_token / 2**30)
     run = run_engine(runs.model_cfg, runs.prompts, runs.max_tokens, **{**extra, **CHUNKED})
     assert run.token_ids == runs["baseline"].token_ids
     eff = run.effective["chunked_prefill"]
