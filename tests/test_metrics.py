@@ -3,7 +3,7 @@ import math
 
 import pytest
 
-from traffic.metrics import SLO, compute_metrics, summarize
+from traffic.metrics import SLO, compute_metrics, lateness_warning, percentile, summarize
 from traffic.request import RequestRecord
 
 
@@ -68,3 +68,32 @@ def test_slo_rejects_nonpositive():
 def test_no_records_no_throughput():
     m = compute_metrics([])
     assert m["perf/requests_ok"] == 0 and "perf/throughput_req_s" not in m and not math.isnan(m["perf/makespan_s"])
+
+
+def test_slo_bounds_each_on_its_own_measure():
+    """A request fast to its first token but long overall meets a TTFT bound; one slow to start does not."""
+    slo = SLO(e2e_s=3.0, ttft_s=0.5)
+    quick_start = rec("a", 0.0, 0.0, [0.2, 1.0, 2.0])  # TTFT 0.2, E2E 2.0, TPOT 0.9
+    slow_start = rec("b", 0.0, 0.0, [0.8, 0.9, 1.0])    # TTFT 0.8, E2E 1.0
+    assert slo.met_by(quick_start) and not slo.met_by(slow_start)
+    assert SLO(e2e_s=3.0, tpot_s=1.0).met_by(quick_start) and not SLO(e2e_s=3.0, tpot_s=0.8).met_by(quick_start)
+    assert not SLO(e2e_s=1.5).met_by(quick_start) and not slo.met_by(rec("c", 0.0, 0.0, [0.1], ok=False))
+
+
+def test_lateness_counts_every_sent_request_failed_ones_too():
+    """The driver was late sending a request whatever the engine then did with it."""
+    ok = [rec(f"r{i}", float(i), float(i), [i + 1.0]) for i in range(9)]  # on time
+    late_and_failed = rec("late", 9.0, 9.4, [], ok=False)  # sent 400 ms late, then refused
+    m = compute_metrics([*ok, late_and_failed])
+    assert m["perf/lateness_ms_p99"] == pytest.approx(percentile([0.0] * 9 + [400.0], 99))
+    assert m["perf/lateness_ms_p99"] > 300
+    assert "364 ms" in lateness_warning([*ok, late_and_failed], warn_ms=50)  # 0.91 of the way to 400
+    assert lateness_warning(ok, warn_ms=50) is None
+
+
+def test_one_percentile_definition():
+    assert percentile([1, 2, 3, 4], 50) == pytest.approx(2.5)  # linear between the two middle ranks
+    assert percentile([1.0, 2.0, math.inf], 50) == 2.0  # an infinite value: an observed one, never nan
+    assert percentile([1.0, 2.0, math.inf], 99) == math.inf
+    with pytest.raises(ValueError, match="no values"):
+        percentile([], 50)

@@ -176,6 +176,24 @@ def test_exact_match_rate_uses_raw_strings():
     assert (identical.bleu, identical.rougeL, identical.exact_match) == pytest.approx((100.0, 1.0, 1.0))
 
 
+def test_bleu_is_case_sensitive_against_references_and_the_control():
+    """sacrebleu's default: 'Paris' and 'paris' are different tokens, so a change of case is a change."""
+    refs = [["the capital of france is paris and it is large"]]
+    shouted = ["THE CAPITAL OF FRANCE IS PARIS AND IT IS LARGE"]
+    assert score_vs_references(refs[0], refs).bleu == pytest.approx(100.0)
+    assert score_vs_references(shouted, refs).bleu < 1.0
+    assert score_vs_references(shouted, refs).per_prompt[0]["bleu"] < 1.0
+    assert score_vs_control(shouted, refs[0]).bleu < 1.0
+
+
+def test_rouge_against_the_control_is_stemmed_like_against_references():
+    """Inflections that the Porter stemmer folds ('cats'/'cat', 'running'/'run') are one word to ROUGE."""
+    out, ctl = "the cats are running home", "the cat are run home"
+    assert score_vs_control([out], [ctl]).rougeL == pytest.approx(1.0)
+    assert score_vs_references([out], [[ctl]]).rougeL == pytest.approx(1.0)
+    assert score_vs_control([out], [ctl]).exact_match == 0.0
+
+
 def test_mismatched_lengths_raise():
     with pytest.raises(ValueError, match="2 outputs but 1 references"):
         score_vs_references(["a", "b"], [["a"]])

@@ -126,3 +126,16 @@ def test_fit_lengths_bad_arguments():
         fit_lengths([TraceRow(0, 1, 1)], 10, "crop")
     with pytest.raises(ValueError, match=r"max_model_len must be >= 2 .*got 1"):
         fit_lengths([TraceRow(0, 1, 1)], 1)
+
+
+def test_every_cell_of_both_lengths_gets_its_exact_share():
+    """Input and output lengths independent, four equal cells: stratifying on both gives each cell exactly a
+    quarter of the sample for every seed; stratifying on one length would leave the other to chance."""
+    rows = [TraceRow(float(i), 100 if i % 2 else 1000, 10 if (i // 2) % 2 else 100) for i in range(1000)]
+    for seed in range(5):
+        picked = stratified_sample(rows, 100, seed)
+        cells = {}
+        for i in picked:
+            key = (rows[i].input_len, rows[i].output_len)
+            cells[key] = cells.get(key, 0) + 1
+        assert cells == {(100, 10): 25, (100, 100): 25, (1000, 10): 25, (1000, 100): 25}, seed

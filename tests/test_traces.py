@@ -185,3 +185,12 @@ def test_real_azure_trace():
     assert len(t.rows) == 19366 and t.reordered == 0 and t.skipped == 0
     assert t.rows[0].timestamp_s == 0.0
     assert (len(t.rows) - 1) / t.rows[-1].timestamp_s == pytest.approx(5.53, abs=0.01)
+
+
+def test_tied_timestamps_are_in_order_not_reordered(tmp_path):
+    stamps = [0, 5, 5, 5, 10]
+    path = write(tmp_path, "mc.jsonl", jsonl([
+        {"timestamp": s * 1000, "input_length": i + 1, "output_length": 1} for i, s in enumerate(stamps)]))
+    t = load_trace("mooncake", path)
+    assert t.reordered == 0
+    assert [r.input_len for r in t.rows] == [1, 2, 3, 4, 5]  # ties keep the file's order
