@@ -1,5 +1,5 @@
 """Do the lossless switches keep SmolLM2's greedy outputs? Each switch alone and all together against the
-baseline, on the whole built-in quality set, float32 on the CPU, exact text (issue 3's done-when).
+baseline, on the whole built-in quality set, float32 on the CPU, exact text (what every lossless switch must give).
 
     .venv/bin/python benchmarks/quality_equivalence.py --out benchmarks/results/quality_equivalence.md
 """

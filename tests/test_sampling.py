@@ -1,19 +1,13 @@
 """Stratified and window samples, KS distance, fitting lengths to a context; the real Azure trace."""
-import os
-from pathlib import Path
 
 import numpy as np
 import pytest
 
+from tests.conftest import data_root
 from traffic.sampling import fit_lengths, ks_distance, stratified_sample, window_sample
 from traffic.traces import TraceRow, load_trace
 
 AZURE_FILE = "traces/azure_conv_2023.csv"
-
-
-def real_data_root():
-    root = Path(os.environ.get("OPTLADDER_DATA") or Path(__file__).resolve().parents[2] / "shared" / "data")
-    return root if (root / AZURE_FILE).is_file() else None
 
 
 def synthetic_rows(n=20000, seed=1):
@@ -59,7 +53,7 @@ def test_stratified_beats_plain_random_sampling():
 
 
 def test_real_azure_trace_ks_at_500():
-    root = real_data_root()
+    root = data_root(AZURE_FILE)
     if root is None:
         pytest.skip("the data root has no Azure trace")
     rows = load_trace("azure", AZURE_FILE, data_root=str(root)).rows

@@ -1,10 +1,9 @@
 """Trace loaders on small files written here, every bad-input message, and the real Azure trace."""
 import json
-import os
-from pathlib import Path
 
 import pytest
 
+from tests.conftest import data_root
 from traffic.traces import load_trace, resolve_data_path
 
 AZURE_HEADER = "TIMESTAMP,ContextTokens,GeneratedTokens\n"
@@ -19,11 +18,6 @@ class CharTokenizer:
 
     def decode(self, ids):
         return "".join(chr(i) for i in ids)
-
-
-def real_data_root():
-    root = Path(os.environ.get("OPTLADDER_DATA") or Path(__file__).resolve().parents[2] / "shared" / "data")
-    return root if (root / AZURE_FILE).is_file() else None
 
 
 def write(tmp_path, name, text):
@@ -178,7 +172,7 @@ def test_bad_arguments_list_valid_values(tmp_path):
 
 
 def test_real_azure_trace():
-    root = real_data_root()
+    root = data_root(AZURE_FILE)
     if root is None:
         pytest.skip("the data root has no Azure trace")
     t = load_trace("azure", AZURE_FILE, data_root=str(root))

@@ -1,11 +1,10 @@
 """Arrival schedules, exact-length prompts with shared prefixes, and whole workloads."""
 import json
-import os
-from pathlib import Path
 
 import numpy as np
 import pytest
 
+from tests.conftest import data_root
 from traffic.arrivals import gamma_arrivals, mean_rate, poisson_arrivals, trace_arrivals
 from traffic.materialize import build_pool, materialize, prefix_groups, prompt_texts
 from traffic.request import requests_digest
@@ -28,11 +27,6 @@ class CharTokenizer:
 
 
 TOK = CharTokenizer()
-
-
-def real_data_root():
-    root = Path(os.environ.get("OPTLADDER_DATA") or Path(__file__).resolve().parents[2] / "shared" / "data")
-    return root if (root / AZURE_FILE).is_file() else None
 
 
 def write_jsonl(tmp_path, name, rows):
@@ -208,7 +202,7 @@ def test_trace_workloads_need_a_path_or_data():
 
 
 def test_azure_conv_500_keeps_the_distribution_and_lengths():
-    root = real_data_root()
+    root = data_root(AZURE_FILE)
     if root is None:
         pytest.skip("the data root has no Azure trace")
     cfg = WorkloadConfig(name="azure_conv", num_requests=500, arrival="trace")
