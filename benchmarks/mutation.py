@@ -9,7 +9,8 @@ quality/scoring.py and the engine's block manager and scheduler; each must make 
 Each group runs in a scratch copy of the checkout (tracked and untracked files, not ignored ones) with its own
 mutmut config: the files to mutate and the fast tests that may kill them (mutmut runs, per mutant, only the
 selected tests that reach the mutated function). A mutant no selected test reaches counts as surviving.
-Not for CI: a group takes minutes to an hour on a 2-core machine. Needs `pip install mutmut` (the dev extra).
+Not for CI: a group takes minutes to an hour on a 2-core machine. `make mutation` installs mutmut (the
+`mutation` extra) and runs every group (`make mutation MUTATION_GROUPS=abtest` some).
 """
 from __future__ import annotations
 

@@ -8,6 +8,7 @@ result on the real tree means something."""
 from __future__ import annotations
 
 import ast
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -195,3 +196,17 @@ def test_hydra_only_at_the_top(graph):
 def test_engine_imports_only_itself(graph):
     foreign = {d for m, deps in graph.items() if top(m) == "engine" for d in deps if top(d) != "engine"}
     assert foreign == set()
+
+
+def test_the_readme_layout_names_every_folder_and_conf_group():
+    readme = (ROOT / "README.md").read_text()
+    block = readme.split("## Layout", 1)[1].split("```")[1]
+    named = {line.split()[0].rstrip("/") for line in block.splitlines() if line and not line.startswith(" ")}
+    tracked = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True).stdout.split()
+    if not tracked:
+        pytest.skip("not a git checkout: which folders belong to the project is git's to say")
+    folders = {f.split("/")[0] for f in tracked if "/" in f and not f.startswith(".")}
+    assert named == folders | {"run.py"}
+    groups = {p.name for p in (ROOT / "conf").iterdir() if p.is_dir()}
+    conf_lines = " ".join(line for line in block.splitlines() if line.startswith("  "))
+    assert {g for g in groups if f"{g}/" not in conf_lines} == set()
