@@ -11,6 +11,7 @@ from mlflow.tracking import MlflowClient
 from omegaconf import OmegaConf
 
 from abtest.gates import GateConfig
+from abtest.ladder import keeps, ladder_table, rung_opts
 from engine.opts import OPTS
 from experiments.ab_run import Arm, gate_pair
 from experiments.experiment import ExperimentResult
@@ -116,3 +117,43 @@ def test_ladder_through_run_py_on_the_tiny_model(tmp_path):
     assert {c.info.run_id for c in children} == {r["run_id"] for r in rows}
     assert {a.path for a in client.list_artifacts(parents[0].info.run_id)} >= {"ladder.json", "ladder.md",
                                                                               "ladder.png"}
+
+
+def test_ladder_table_compares_the_baseline_with_the_last_accepted_rung():
+    base = {"perf/ttft_ms_p50": 1444.0, "perf/tpot_ms_p50": 61.54, "perf/e2e_ms_p99": 25459.0,
+            "perf/throughput_out_tok_s": 41.29, "capacity/max_concurrency": 10000.0, "perf/peak_mem_gb": 2.146,
+            "perf/kv_reserved_gb": 0.7031, "perf/kv_util": 0.0}
+    kept = {"perf/ttft_ms_p50": 1377.0, "perf/tpot_ms_p50": 58.55, "perf/e2e_ms_p99": 12345.6,
+            "capacity/max_concurrency": 9999.0, "perf/peak_mem_gb": 2.207, "perf/kv_util": 0.9,
+            "quality/exact_match_vs_control": 1.0, "quality/bleu_vs_control": 100.0, "quality/rougeL_vs_control": 1.0}
+    failed = {"perf/ttft_ms_p50": 1000.0, "quality/exact_match_vs_control": 0.5}
+    rungs = [{"rung": 0, "opt": None, "opts": [], "status": "baseline", "accepted_rung": 0, "metrics": base},
+             {"rung": 1, "opt": "paged_kv", "opts": ["paged_kv"], "status": "pass", "accepted_rung": 1, "metrics": kept},
+             {"rung": 2, "opt": "flash_attn", "opts": ["paged_kv", "flash_attn"], "status": "fail", "accepted_rung": 1,
+              "metrics": failed}]
+    assert ladder_table(rungs) == "\n".join([
+        "| metric | baseline | all on (paged_kv) | change |",
+        "|---|---|---|---|",
+        "| TTFT p50 (ms) | 1444 | 1377 | -4.6% |",
+        "| TPOT p50 (ms) | 61.54 | 58.55 | -4.9% |",
+        "| E2E p99 (ms) | 25,459 | 12,346 | -51.5% |",
+        "| throughput (out tok/s) | 41.29 | - | - |",
+        "| capacity at P99 ≤ SLO (concurrency) | 10,000 | 9999 | -0.0% |",
+        "| peak memory (GiB) | 2.146 | 2.207 | +2.8% |",
+        "| KV reserved (GiB) | 0.7031 | - | - |",
+        "| KV utilization | 0 | 0.9 | - |",  # no change relative to 0
+        "| BLEU / ROUGE-L Δ vs control (last accepted rung) | - | 100 / 1 | - |",
+        "",
+        "| rung | opt added | verdict | TTFT p50 | TPOT p50 | E2E p99 | peak mem GiB | exact match vs prev |",
+        "|---|---|---|---|---|---|---|---|",
+        "| 0 | baseline | baseline | 1444 | 61.54 | 25,459 | 2.146 | - |",
+        "| 1 | paged_kv | pass | 1377 | 58.55 | 12,346 | 2.207 | 1 |",
+        "| 2 | flash_attn | fail | 1000 | - | - | - | 0.5 |"])
+    only_base = ladder_table(rungs[:1]).splitlines()
+    assert only_base[0] == "| metric | baseline | all on (none) | change |" and only_base[2].endswith("| +0.0% |")
+
+
+def test_rung_opts_and_what_keeps_a_rung():
+    assert rung_opts(["paged_kv"], "flash_attn") == ["paged_kv", "flash_attn"]
+    assert [keeps(s, True) for s in ("pass", "inconclusive", "fail")] == [True, True, False]
+    assert [keeps(s, False) for s in ("pass", "inconclusive", "fail")] == [True, False, False]
