@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from collections import Counter
 from pathlib import Path
 
@@ -192,6 +193,24 @@ def test_rouge_against_the_control_is_stemmed_like_against_references():
     assert score_vs_control([out], [ctl]).rougeL == pytest.approx(1.0)
     assert score_vs_references([out], [[ctl]]).rougeL == pytest.approx(1.0)
     assert score_vs_control([out], [ctl]).exact_match == 0.0
+
+
+def test_short_answers_get_sentence_bleu_on_the_ngrams_they_have():
+    """One- or two-word answers have no 4-grams; sentence BLEU counts the orders they have (effective order)."""
+    s = score_vs_references(["Paris", "eight apples"], [["Paris"], ["eight apples"]])
+    assert [p["bleu"] for p in s.per_prompt] == pytest.approx([100.0, 100.0])
+
+
+def test_rouge_against_the_control_scores_what_differs():
+    c = score_vs_control(["a b c d", "same"], ["a b x y", "same"])
+    assert [p["rougeL"] for p in c.per_prompt] == pytest.approx([0.5, 1.0]) and c.rougeL == pytest.approx(0.75)
+
+
+def test_scoring_refuses_nothing_to_score_and_the_wrong_type():
+    with pytest.raises(ValueError, match=re.escape("no outputs to score: got an empty list")):
+        score_vs_references([], [])
+    with pytest.raises(TypeError, match=re.escape("to_metrics takes QualityScores or ControlScores, got dict")):
+        to_metrics({})
 
 
 def test_mismatched_lengths_raise():
