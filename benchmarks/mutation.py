@@ -46,18 +46,20 @@ QUIET_LINES = [r"\blog\.(debug|info|warning|error|exception)\(", r"^def \w+_char
 
 
 GROUPS = {
-    "block_manager": Group(["engine/block_manager.py"], ["tests/test_block_manager.py"]),
+    "block_manager": Group(["engine/block_manager.py"], ["tests/test_block_manager.py",
+                                                         "tests/test_block_manager_cache.py"]),
     "scheduler": Group(["engine/scheduler.py"], ["tests/test_scheduler.py"]),
     "traffic": Group(
         ["traffic/"],
         ["tests/test_metrics.py", "tests/test_sampling.py", "tests/test_traces.py", "tests/test_capacity.py",
-         "tests/test_workload.py", "tests/test_replay.py", "tests/test_http_driver.py::test_token_stream_parsing",
+         "tests/test_workload.py", "tests/test_http_driver.py::test_token_stream_parsing",
          "tests/test_http_driver.py::test_payload_sends_token_ids_and_asks_for_exact_lengths",
          "tests/test_http_driver.py::test_bad_config_is_refused"],
-        skip=["traffic/http_driver.py", "traffic/locust_worker.py"],
-        why="the HTTP driver and its locust worker run in a child process behind a live server: their tests "
-            "take minutes each and mutmut cannot see which test reaches which function in another process",
-        forkserver=True),
+        skip=["traffic/http_driver.py", "traffic/locust_worker.py", "traffic/replay.py"],
+        why="the HTTP driver and its locust worker run in a child process behind a live server (their tests take "
+            "minutes and mutmut cannot see which test reaches which function in another process); the in-process "
+            "driver has its own group, `replay`, since each of its mutants needs a real engine"),
+    "replay": Group(["traffic/replay.py"], ["tests/test_replay.py"], forkserver=True),
     "abtest": Group(["abtest/"], ["tests/test_gates.py", "tests/test_abtest_stats.py", "tests/test_verdict.py",
                                   "tests/test_gate_config.py", "tests/test_paired_stats.py", "tests/test_rollout.py",
                                   "tests/test_lossless.py", "tests/test_ladder.py", "--deselect",
