@@ -1,13 +1,15 @@
 """The prefix cache's bookkeeping (engine/block_manager.py): hits are always a prefix (once one block of a
 prompt misses, every later block is computed afresh, even where a block with the same chained hash is still
-cached), only full blocks are registered, each under the hash of its tokens chained to the block before it,
-and a reused block leaves the cache."""
+cached), only full blocks are registered (by the step that writes them), each under the hash of its tokens
+chained to the block before it, and a reused block leaves the cache. Steps are simulated as in
+test_block_manager.py."""
 from __future__ import annotations
 
 import pytest
 
 from engine.block_manager import BlockManager, chain_hash
 from engine.sequence import SamplingParams, Sequence
+from tests.test_block_manager import grow, prefill
 
 BS = 4
 
@@ -20,7 +22,7 @@ def test_a_later_block_never_hits_after_an_earlier_miss():
     bm = BlockManager(num_blocks=8, block_size=BS, enable_prefix_cache=True)
     prompt = list(range(100, 109))  # blocks [100..103], [104..107], [108]: two cacheable
     a = seq("a", prompt)
-    bm.allocate(a)
+    prefill(bm, a)
     head, tail = a.block_table[0], a.block_table[1]
     bm.deallocate(a)
     # the head block is reused for other tokens first (as the pool's order may have it); the tail stays cached
@@ -41,7 +43,7 @@ def test_hits_count_whole_blocks_from_the_start():
     bm = BlockManager(num_blocks=8, block_size=BS, enable_prefix_cache=True)
     prompt = list(range(100, 110))
     a = seq("a", prompt)
-    bm.allocate(a)
+    prefill(bm, a)
     b = seq("b", prompt[:8] + [999, 998])
     bm.allocate(b)
     assert b.num_cached_tokens == 8 and b.block_table[:2] == a.block_table[:2]
@@ -70,16 +72,11 @@ def check_chain(bm: BlockManager, s: Sequence) -> None:
         prefix = bm.blocks[block_id].hash
 
 
-def grow(bm: BlockManager, s: Sequence, token: int) -> None:
-    s.append_token(token)
-    bm.may_append(s)
-
-
 @pytest.mark.parametrize("cache", [True, False])
 def test_registration_follows_the_chain_through_allocation_and_decode(cache):
     bm = BlockManager(num_blocks=16, block_size=BS, enable_prefix_cache=cache)
     a = seq("a", list(range(10)))  # 2 full blocks and 2 tokens
-    bm.allocate(a)
+    prefill(bm, a)
     check_cache(bm)
     for t in range(7):  # fills the third block, then starts and fills part of a fourth
         grow(bm, a, 50 + t)
@@ -99,7 +96,7 @@ def test_registration_follows_the_chain_through_allocation_and_decode(cache):
 def test_a_reused_block_leaves_the_cache():
     bm = BlockManager(num_blocks=2, block_size=BS, enable_prefix_cache=True)
     a = seq("a", list(range(5)))
-    bm.allocate(a)
+    prefill(bm, a)
     bm.deallocate(a)  # both blocks free, the full one still cached
     assert len(bm.hash_to_block) == 1
     others = [seq("x", [900, 901]), seq("y", [902])]
@@ -114,7 +111,7 @@ def test_the_last_prompt_block_never_hits_whatever_the_pool_holds():
     bm = BlockManager(num_blocks=3, block_size=BS, enable_prefix_cache=True)
     prompt = list(range(8))
     a = seq("a", prompt)
-    bm.allocate(a)
+    prefill(bm, a)
     grow(bm, a, 99)
     assert a.block_table == [0, 1, 2]
     bm.deallocate(a)
@@ -128,7 +125,7 @@ def test_a_block_that_is_not_cached_never_hits_on_equal_tokens_elsewhere():
     bm = BlockManager(num_blocks=2, block_size=BS, enable_prefix_cache=True)
     x, y = [1, 2, 3, 4], [5, 6, 7, 8]
     a = seq("a", x + y)
-    bm.allocate(a)
+    prefill(bm, a)
     assert bm.blocks[1].token_ids == tuple(y)
     bm.deallocate(a)
     b = seq("b", y + [9])
@@ -140,7 +137,7 @@ def test_blocks_allocated_counts_fresh_blocks_only():
     bm = BlockManager(num_blocks=8, block_size=BS, enable_prefix_cache=True)
     assert bm.blocks_allocated_total == 0
     a = seq("a", list(range(9)))
-    bm.allocate(a)
+    prefill(bm, a)
     assert bm.blocks_allocated_total == 3
     b = seq("b", list(range(9)))  # two blocks from the cache, one fresh
     bm.allocate(b)

@@ -48,3 +48,28 @@ def test_smollm2_configs_are_the_registrys_switches():
                                       ([1, 2], [1, 2, 3], 2), ([], [], None)])
 def test_first_divergence(a, b, at):
     assert first_divergence(a, b) == at
+
+
+@pytest.mark.parametrize("paged, flash", [(True, True), (False, False)])
+def test_the_bench_drives_the_engine_runner_as_the_engine_does(paged, flash):
+    """The GPU bench builds runners and steps through the engine's own API: on the CPU with a tiny random
+    model, a prefill step and a decode step run and the decode step's logits are the eager model's."""
+    import dataclasses
+
+    import torch
+
+    from engine.loader import load_model
+    from gpubench.llama import LLAMA8B, decode_seqs, decode_step, make_runner, prefill_step
+
+    tiny = dataclasses.replace(LLAMA8B, vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                               num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=256)
+    cpu = torch.device("cpu")
+    model = load_model(tiny, cpu, torch.float32, seed=0)
+    runner = make_runner(model, paged=paged, flash=flash, graphs=False, seqs_n=4, max_len=64, fused=False,
+                         skinny=False, device=cpu, dtype=torch.float32)
+    assert runner.block_size == (16 if paged else 64)
+    seqs = decode_seqs(3, 20, runner, tiny.vocab_size)
+    logits = runner.forward(decode_step(seqs))
+    assert logits.shape == (3, tiny.vocab_size)
+    assert torch.allclose(logits, model(*runner.prepare_decode(seqs)), atol=1e-5)
+    assert runner.forward(prefill_step(decode_seqs(1, 30, runner, tiny.vocab_size)[0])).shape == (1, tiny.vocab_size)

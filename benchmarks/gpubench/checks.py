@@ -102,9 +102,10 @@ def check_fused() -> list[dict]:
 
 def check_prefill() -> list[dict]:
     rows = []
-    for backend in (FusedAttention(DEV), NaiveAttention()):
+    for flash in (True, False):
         for lens, ctxs, h, kvh, d in (([1000], [1000], 32, 8, 128), ([300, 77], [300, 77], 9, 3, 64),
                                       ([64], [320], 32, 8, 128)):  # last: a prefix-cache hit, 256 cached
+            backend = FusedAttention(DEV, h, kvh) if flash else NaiveAttention()
             g = torch.Generator(device=DEV).manual_seed(random.randrange(1 << 30))
             tq = sum(lens)
             q = torch.randn(tq, h, d, device=DEV, generator=g).to(BF16)
@@ -123,6 +124,8 @@ def check_prefill() -> list[dict]:
             kc.view(-1, kvh, d)[slots_t], vc.view(-1, kvh, d)[slots_t] = k, v  # what store_kv does first
             meta = AttnMeta(True, slots_t, torch.tensor(tables, dtype=torch.int32, device=DEV),
                             torch.tensor(ctxs, device=DEV), max(ctxs), lens, ctxs)
+            if hasattr(backend, "plan"):  # the Triton varlen kernel's tiles, as the model runner plans them
+                backend.plan(meta)
             poison_allocator()
             out = backend.prefill(q, k, v, meta, kc, vc)
             refs, start = [], 0

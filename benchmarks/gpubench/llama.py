@@ -8,11 +8,14 @@ import random
 
 import torch
 
-from engine.config import EngineConfig, ModelConfig
-from engine.cuda_graphs import CUDAGraphRunner
+from engine.attention import make_backend
+from engine.block_manager import KVLayout
+from engine.config import ModelConfig
 from engine.kernels.reference import rel_error
 from engine.loader import load_model
+from engine.model import DecodeKernels
 from engine.model_runner import ModelRunner, kv_bytes_per_token
+from engine.scheduler import Batch
 from engine.sequence import SamplingParams, Sequence
 from gpubench.harness import BF16, DEV, TOL, gpu_median_ms, log, wall_median_ms
 
@@ -29,19 +32,17 @@ def weights_read_bytes(model) -> int:
 
 
 def make_runner(model, paged: bool, flash: bool, graphs: bool, seqs_n: int, max_len: int,
-                fused: bool = True, skinny: bool = True) -> ModelRunner:
-    """A runner with room for seqs_n sequences of max_len; graphs as the engine builds them (fused
-    kernels, skinny GEMM), or recaptured without them to measure what each buys."""
+                fused: bool = True, skinny: bool = True, device: torch.device = DEV,
+                dtype: torch.dtype = BF16) -> ModelRunner:
+    """A runner with room for seqs_n sequences of max_len, built as the engine builds it from the switches
+    paged_kv, flash_attn, cuda_graphs, fused_kernels (fused) and skinny_gemm (skinny)."""
     bs = 16 if paged else max_len
-    cfg = EngineConfig(paged_kv=paged, flash_attn=flash, cuda_graphs=graphs, max_model_len=max_len,
-                       batch_size=seqs_n, max_num_seqs=seqs_n, block_size=16)
-    runner = ModelRunner(model, DEV, BF16, seqs_n * (max_len // bs), bs, cfg)
-    if graphs and not (fused and skinny):
-        dummy = runner.graphs.dummy_slot // bs
-        runner.graphs = None
-        runner.graphs = CUDAGraphRunner(model, DEV, seqs_n, max_len, bs, dummy_block=dummy, fused=fused,
-                                        skinny=skinny)
-    gen = torch.Generator(device=DEV).manual_seed(7)
+    s = model.shape
+    runner = ModelRunner(model, device, dtype, KVLayout(bs, seqs_n * (max_len // bs)),
+                         make_backend(flash, device, s.num_attention_heads, s.num_key_value_heads),
+                         DecodeKernels(fused=fused, skinny=skinny), graph_max_batch=seqs_n if graphs else None,
+                         max_model_len=max_len)
+    gen = torch.Generator(device=device).manual_seed(7)
     for layer in model.layers:  # random KV, never zeros
         layer.k_cache.normal_(generator=gen)
         layer.v_cache.normal_(generator=gen)
@@ -49,6 +50,7 @@ def make_runner(model, paged: bool, flash: bool, graphs: bool, seqs_n: int, max_
 
 
 def decode_seqs(n: int, ctx: int, runner: ModelRunner, vocab: int) -> list[Sequence]:
+    """n sequences of ctx tokens whose KV is in the cache but for the last token's: a decode step's input."""
     bs = runner.block_size
     blocks = list(range(runner.model.layers[0].k_cache.shape[0] - (1 if runner.graphs else 0)))
     random.Random(n).shuffle(blocks)  # a fragmented pool, as paged KV leaves it
@@ -56,22 +58,35 @@ def decode_seqs(n: int, ctx: int, runner: ModelRunner, vocab: int) -> list[Seque
     for i in range(n):
         s = Sequence(f"d{i}", [random.randrange(3, vocab) for _ in range(ctx)], SamplingParams())
         s.block_table = [blocks.pop() for _ in range(-(-ctx // bs))]
+        s.num_computed_tokens = ctx - 1
         seqs.append(s)
     return seqs
+
+
+def decode_step(seqs: list[Sequence]) -> Batch:
+    return Batch(seqs, [1] * len(seqs))
+
+
+def prefill_step(seq: Sequence) -> Batch:
+    """The whole prompt in one step, as without chunked prefill."""
+    seq.num_computed_tokens = 0
+    return Batch([seq], [len(seq)])
 
 
 def prefill_bench(model) -> list[dict]:
     rows = []
     for flash in (False, True):
-        runner = make_runner(model, paged=False, flash=flash, graphs=False, seqs_n=1, max_len=4096)
+        # attention alone: no fused element-wise kernels, which the Triton varlen path would bring with it
+        runner = make_runner(model, paged=False, flash=flash, graphs=False, seqs_n=1, max_len=4096, fused=False,
+                             skinny=False)
         for t in (512, 2048, 4096):
-            seq = decode_seqs(1, t, runner, model.shape.vocab_size)[0]
+            step = prefill_step(decode_seqs(1, t, runner, model.shape.vocab_size)[0])
             torch.cuda.synchronize()
-            runner.forward([seq], True)  # warm-up
+            runner.forward(step)  # warm-up
             torch.cuda.synchronize()
             base = torch.cuda.memory_allocated()
             torch.cuda.reset_peak_memory_stats()
-            ms = wall_median_ms(lambda: runner.forward([seq], True), iters=5, warmup=1)
+            ms = wall_median_ms(lambda: runner.forward(step), iters=5, warmup=1)
             peak = torch.cuda.max_memory_allocated() - base
             rows.append({"tokens": t, "attention": runner.attention_backend, "ms": ms, "peak_extra_gib": peak / 2**30,
                          "tok_s": t / ms * 1000})
@@ -105,10 +120,11 @@ def decode_bench(model, bw_tb_s: float, ctx: int = 1024, max_len: int = 2048) ->
                              fused=fuse, skinny=skinny)
         for b in (1, 8, 32, 64):
             seqs = decode_seqs(b, ctx, runner, model.shape.vocab_size)
-            step_ms = wall_median_ms(lambda: runner.forward(seqs, False), iters=30)
+            step = decode_step(seqs)
+            step_ms = wall_median_ms(lambda: runner.forward(step), iters=30)
             if runner.graphs:
                 bucket = next(x for x in runner.graphs.buckets if x >= b)
-                runner.forward(seqs, False)
+                runner.forward(step)
                 gpu_ms = gpu_median_ms(runner.graphs.graphs[bucket].replay, iters=30)
             else:
                 prep = runner.prepare_decode(seqs)
@@ -140,7 +156,7 @@ def decode_step_equivalence(model) -> list[dict]:
                 seqs = decode_seqs(5, 700, runner, m.shape.vocab_size)
                 prep = runner.prepare_decode(seqs)
                 eager = m(*prep, attn=runner.graphs.attn).double()
-                got = runner.forward(seqs, False).clone()
+                got = runner.forward(decode_step(seqs)).clone()
                 layout = "paged" if paged else "contiguous"
                 err = rel_error(got, eager)
                 rows.append({"check": f"decode step logits, {layers} layers, {layout}, graphs"
