@@ -97,3 +97,26 @@ def test_one_percentile_definition():
     assert percentile([1.0, 2.0, math.inf], 99) == math.inf
     with pytest.raises(ValueError, match="no values"):
         percentile([], 50)
+
+
+def test_slo_bounds_are_inclusive():
+    r = rec("a", 0.0, 0.0, [0.5, 1.5, 2.5])  # TTFT 0.5, E2E 2.5, TPOT 1.0
+    assert SLO(e2e_s=2.5, ttft_s=0.5, tpot_s=1.0).met_by(r)
+
+
+def test_lateness_warning_boundary_units_and_default_wording():
+    recs = [rec(f"r{i}", 0.0, 0.05, [1.0]) for i in range(3)]  # each sent 50 ms late
+    assert lateness_warning(recs, warn_ms=50) is None  # at the bound is not beyond it
+    assert lateness_warning(recs, warn_ms=49) == ("p99 replay lateness 50 ms exceeds 49 ms: the driver, not the "
+                                                  "engine, is being measured")
+    assert lateness_warning(recs, 49, who="client").startswith("p99 replay lateness 50 ms exceeds 49 ms: the client")
+    assert lateness_warning([RequestRecord("u", 0.0, 1, 1)], warn_ms=1) is None  # nothing sent: nothing late
+
+
+def test_makespan_runs_from_the_first_send_to_the_last_finish():
+    from traffic.metrics import makespan
+
+    assert makespan([rec("a", 0.0, 2.0, [3.0]), rec("b", 0.0, 2.5, [4.0])]) == pytest.approx(2.0)
+    assert makespan([RequestRecord("u", 0.0, 1, 1, sent_at=1.0)]) == 0.0  # sent, never finished
+    m = compute_metrics([rec("a", 0.0, 0.0, [0.2, 0.5])])  # a makespan under one second still has throughput
+    assert m["perf/throughput_req_s"] == pytest.approx(2.0) and m["perf/makespan_s"] == pytest.approx(0.5)

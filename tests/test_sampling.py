@@ -133,3 +133,10 @@ def test_every_cell_of_both_lengths_gets_its_exact_share():
             key = (rows[i].input_len, rows[i].output_len)
             cells[key] = cells.get(key, 0) + 1
         assert cells == {(100, 10): 25, (100, 100): 25, (1000, 10): 25, (1000, 100): 25}, seed
+
+
+def test_window_starts_anywhere_from_the_first_row_to_the_last_that_fits():
+    rows = synthetic_rows(12)
+    starts = {window_sample(rows, 10, seed=s)[0] for s in range(200)}
+    assert starts == {0, 1, 2}
+    assert window_sample(rows, 12, seed=0) == list(range(12))
