@@ -5,6 +5,7 @@ quality/scoring.py and the engine's block manager and scheduler; each must make 
     .venv/bin/python benchmarks/mutation.py                      # every group; results/mutation.md
     .venv/bin/python benchmarks/mutation.py abtest scoring       # some groups
     .venv/bin/python benchmarks/mutation.py --list               # the groups and their test selections
+    .venv/bin/python benchmarks/mutation.py --combine a.json b.json   # one report from separate runs
 
 Each group runs in a scratch copy of the checkout (tracked and untracked files, not ignored ones) with its own
 mutmut config: the files to mutate and the fast tests that may kill them (mutmut runs, per mutant, only the
@@ -172,7 +173,14 @@ def main() -> int:
     p.add_argument("--out", type=Path, default=RESULTS / "mutation.md")
     p.add_argument("--keep", type=Path, default=None, help="keep the scratch copies under this folder")
     p.add_argument("--max-children", type=int, default=os.cpu_count() or 2)
+    p.add_argument("--combine", nargs="+", type=Path, default=None,
+                   help="write one report from the .json files of earlier runs (run nothing)")
     args = p.parse_args()
+    if args.combine:
+        results = [r for f in args.combine for r in json.loads(f.read_text())]
+        args.out.write_text(report(results) + "\n")
+        print(f"wrote {args.out}")
+        return 0
     if args.list:
         for name, g in GROUPS.items():
             print(f"{name}: mutate {g.mutate} (skip {g.skip}); tests {g.tests}")
