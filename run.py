@@ -17,6 +17,7 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
+from experiments.build import check_keys
 from experiments.schema import register
 
 register()
@@ -52,6 +53,7 @@ def quote_arm_overrides(argv: list[str]) -> list[str]:
 
 @hydra.main(config_path="conf", config_name="config", version_base="1.3")
 def main(cfg: DictConfig) -> int:
+    check_keys(cfg)  # a `+engine.typo=...` override would otherwise be dropped without a word
     hc = HydraConfig.get()
     run_dir = Path(hc.runtime.output_dir)
     overrides = list(hc.overrides.task)

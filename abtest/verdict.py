@@ -118,7 +118,7 @@ def _relative_gate(gate: str, metric: str, bound: float, control: ArmResult, can
         return _unmeasured(gate, metric, c, k)
     sign = -1.0 if higher_is_better(metric) else 1.0
     head = f"{metric}: control {c:.4g}, candidate {k:.4g}; change"
-    limit = (f"allowed at most {bound:.2%} worse" if bound >= 0 else
+    limit = (f"allowed at most {bound + 0.0:.2%} worse" if bound >= 0 else  # + 0.0: -0.0 prints as 0.00%
              f"required at least {-bound:.2%} better")
     m = _PAIRED.match(metric)
     if m is None or not (control.records and candidate.records):

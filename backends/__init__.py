@@ -3,6 +3,6 @@ HTTP server), vLLM (`vllm serve`), transformers, and any OpenAI-compatible endpo
 
 Imports run one way: backends -> serving / traffic -> engine; the engine never imports from here.
 """
-from backends.engines import DRIVERS, Backend, make_backend
+from backends.engines import Backend, make_backend
 
-__all__ = ["DRIVERS", "Backend", "make_backend"]
+__all__ = ["Backend", "make_backend"]

@@ -10,7 +10,8 @@ from tqdm import tqdm
 
 from engine.config import ENGINES, EngineConfig, ModelConfig
 from engine.sequence import SamplingParams
-from traffic.replay import InProcessDriver, ReplayConfig
+from traffic.replay import InProcessDriver
+from traffic.replay_config import DRIVERS, Pacing, ReplayConfig
 from traffic.request import Request, RequestRecord
 
 
@@ -21,7 +22,7 @@ class Backend(Protocol):
     start_s: float
 
     def warmup(self, requests: list[Request]) -> None: ...
-    def replay(self, requests: list[Request], cfg: ReplayConfig,
+    def replay(self, requests: list[Request], cfg: ReplayConfig, pacing: Pacing,
                on_record: Callable[[RequestRecord], None]) -> list[RequestRecord]: ...
     def generate(self, prompts: list[list[int]], max_new_tokens: int, progress: bool) -> list[str]: ...
     def metrics(self) -> dict[str, float]: ...
@@ -29,14 +30,10 @@ class Backend(Protocol):
     def close(self) -> None: ...
 
 
-DRIVERS = ("inprocess", "locust")
-
-
 class ReferenceBackend:
     name = "reference"
 
-    def __init__(self, model_cfg: ModelConfig, engine_cfg: EngineConfig, driver: str = "inprocess",
-                 request_timeout_s: float = 3600.0):
+    def __init__(self, model_cfg: ModelConfig, engine_cfg: EngineConfig, driver: str = "inprocess"):
         from engine.llm_engine import LLMEngine
 
         if driver not in DRIVERS:
@@ -46,7 +43,7 @@ class ReferenceBackend:
         self.load_s, self.start_s = self.engine.load_s, self.engine.start_s
         self.max_model_len = engine_cfg.max_model_len
         # locust: the same engine behind serving/server.py, replayed over HTTP from another process
-        self.driver, self.request_timeout_s = driver, request_timeout_s
+        self.driver = driver
         self.model_name, self.host = model_cfg.name, engine_cfg.server.host
 
     @staticmethod
@@ -60,19 +57,17 @@ class ReferenceBackend:
                                  [SamplingParams(max_tokens=min(4, r.output_len)) for r in requests])
         self.engine.reset_stats()
 
-    def replay(self, requests, cfg, on_record):
+    def replay(self, requests, cfg, pacing, on_record):
         if self.driver == "locust":
-            return self._replay_http(requests, cfg, on_record)
-        return InProcessDriver(self.engine, self._replay_params, on_record).replay(requests, cfg)
+            return self._replay_http(requests, cfg, pacing, on_record)
+        return InProcessDriver(self.engine, self._replay_params, on_record).replay(requests, cfg, pacing)
 
-    def _replay_http(self, requests, cfg, on_record):
+    def _replay_http(self, requests, cfg, pacing, on_record):
         from serving.server import serve
-        from traffic.http_driver import HttpReplayConfig, replay_http
+        from traffic.http_driver import replay_http
 
-        hcfg = HttpReplayConfig(mode=cfg.mode, concurrency=cfg.concurrency, timeout_s=self.request_timeout_s,
-                                lateness_warn_ms=cfg.lateness_warn_ms, progress=cfg.progress)
         with serve(self.engine, self.host, 0, model_name=self.model_name) as server:  # 0: any free port
-            return replay_http(requests, server.url, server.model, hcfg, on_record)
+            return replay_http(requests, server.url, server.model, cfg, pacing, on_record)
 
     def generate(self, prompts, max_new_tokens, progress=True):
         """Greedy, stopping at EOS; a prompt that leaves no room to answer gets '' (counted by the caller)."""
@@ -119,8 +114,9 @@ class HFBackend:
             self.engine.generate([r.prompt_token_ids for r in requests], 4)
         self.engine.reset_stats()
 
-    def replay(self, requests, cfg, on_record):
-        return InProcessDriver(self.engine, ReferenceBackend._replay_params, on_record).replay(requests, cfg)
+    def replay(self, requests, cfg, pacing, on_record):
+        return InProcessDriver(self.engine, ReferenceBackend._replay_params, on_record).replay(requests, cfg,
+                                                                                               pacing)
 
     def generate(self, prompts, max_new_tokens, progress=True):
         with tqdm(total=len(prompts), desc="quality", unit="prompt", disable=not progress) as bar:
@@ -140,13 +136,12 @@ class _HttpBackend:
     """An engine behind an OpenAI-compatible endpoint: replayed by the locust driver whatever replay.driver
     says (there is no in-process path), quality over /v1/completions with our chat template's token ids."""
 
-    def __init__(self, model_cfg: ModelConfig, engine_cfg: EngineConfig, request_timeout_s: float):
+    def __init__(self, model_cfg: ModelConfig, engine_cfg: EngineConfig):
         from engine.loader import load_tokenizer
 
         t0 = time.perf_counter()
         self.tokenizer = load_tokenizer(model_cfg)
         self.load_s = time.perf_counter() - t0
-        self.request_timeout_s = request_timeout_s
         self.concurrency = engine_cfg.max_num_seqs  # quality requests in flight: as many as the server batches
         self.api_key = engine_cfg.server.api_key
         self._metrics: dict[str, float] = {}
@@ -155,16 +150,13 @@ class _HttpBackend:
         if requests:
             self.server.generate([r.prompt_token_ids for r in requests], 4, self.concurrency, progress=False)
 
-    def _replay(self, requests, cfg, on_record):
-        from traffic.http_driver import HttpReplayConfig, replay_http
+    def _replay(self, requests, cfg, pacing, on_record):
+        from traffic.http_driver import replay_http
 
-        hcfg = HttpReplayConfig(mode=cfg.mode, concurrency=cfg.concurrency, timeout_s=self.request_timeout_s,
-                                lateness_warn_ms=cfg.lateness_warn_ms, progress=cfg.progress,
-                                api_key=self.api_key)
-        return replay_http(requests, self.server.url, self.server.model, hcfg, on_record)
+        return replay_http(requests, self.server.url, self.server.model, cfg, pacing, on_record, self.api_key)
 
-    def replay(self, requests, cfg, on_record):
-        return self._replay(requests, cfg, on_record)
+    def replay(self, requests, cfg, pacing, on_record):
+        return self._replay(requests, cfg, pacing, on_record)
 
     def generate(self, prompts, max_new_tokens, progress=True):
         return self.server.generate(prompts, max_new_tokens, concurrency=self.concurrency, progress=progress)
@@ -181,16 +173,16 @@ class VLLMBackend(_HttpBackend):
 
     name = "vllm"
 
-    def __init__(self, model_cfg: ModelConfig, engine_cfg: EngineConfig, request_timeout_s: float = 3600.0):
+    def __init__(self, model_cfg: ModelConfig, engine_cfg: EngineConfig):
         from backends.vllm_server import VLLMServer
 
-        super().__init__(model_cfg, engine_cfg, request_timeout_s)
+        super().__init__(model_cfg, engine_cfg)
         self.server = VLLMServer(model_cfg, engine_cfg)
         self.start_s = self.server.start_s
 
-    def replay(self, requests, cfg, on_record):
+    def replay(self, requests, cfg, pacing, on_record):
         with self.server.measure() as probe:  # vLLM's own counters, before and after, and its KV gauge during
-            records = self._replay(requests, cfg, on_record)
+            records = self._replay(requests, cfg, pacing, on_record)
         self._metrics = probe.metrics
         return records
 
@@ -203,10 +195,10 @@ class OpenAIBackend(_HttpBackend):
 
     name = "openai"
 
-    def __init__(self, model_cfg: ModelConfig, engine_cfg: EngineConfig, request_timeout_s: float = 3600.0):
+    def __init__(self, model_cfg: ModelConfig, engine_cfg: EngineConfig):
         from backends.openai_endpoint import OpenAIEndpoint
 
-        super().__init__(model_cfg, engine_cfg, request_timeout_s)
+        super().__init__(model_cfg, engine_cfg)
         self.server = OpenAIEndpoint(model_cfg, engine_cfg)
         self.start_s = self.server.start_s
 
@@ -214,19 +206,18 @@ class OpenAIBackend(_HttpBackend):
         pass  # not ours to stop
 
 
-def make_backend(model_cfg: ModelConfig, engine_cfg: EngineConfig, driver: str = "inprocess",
-                 request_timeout_s: float = 3600.0) -> Backend:
+def make_backend(model_cfg: ModelConfig, engine_cfg: EngineConfig, driver: str = "inprocess") -> Backend:
     name = engine_cfg.name
     tp = engine_cfg.server.tensor_parallel_size
     if tp != 1 and name != "vllm":
         raise ValueError(f"engine.server.tensor_parallel_size={tp}: tensor parallelism runs through engine=vllm "
                          f"only; engine={name} runs the model on one device (set it to 1)")
     if name == "reference":
-        return ReferenceBackend(model_cfg, engine_cfg, driver, request_timeout_s)
+        return ReferenceBackend(model_cfg, engine_cfg, driver)
     if name == "hf":
         return HFBackend(model_cfg, engine_cfg, driver)
     if name == "vllm":
-        return VLLMBackend(model_cfg, engine_cfg, request_timeout_s)
+        return VLLMBackend(model_cfg, engine_cfg)
     if name == "openai":
-        return OpenAIBackend(model_cfg, engine_cfg, request_timeout_s)
+        return OpenAIBackend(model_cfg, engine_cfg)
     raise ValueError(f"engine.name={name!r} is not one of {list(ENGINES)}")

@@ -34,7 +34,7 @@ from backends.engines import ReferenceBackend  # noqa: E402
 from quality.prompts import QualityConfig, load_prompt_set  # noqa: E402
 from traffic.metrics import compute_metrics  # noqa: E402
 from engine.opts import switch_configs  # noqa: E402
-from traffic.replay import ReplayConfig  # noqa: E402
+from traffic.replay_config import Pacing, ReplayConfig  # noqa: E402
 from traffic.request import Request  # noqa: E402
 from traffic.workload import WorkloadConfig, build_workload  # noqa: E402
 
@@ -78,7 +78,7 @@ def run_config(model_cfg: ModelConfig, engine_cfg: EngineConfig, requests: list[
     backend = ReferenceBackend(model_cfg, engine_cfg)
     # unrelated prompts: warming up on the replay's own would hand prefix_cache hits it did not earn
     backend.warmup(warm)
-    records = backend.replay(requests, ReplayConfig(mode="open", progress=False), on_record=lambda r: None)
+    records = backend.replay(requests, ReplayConfig(progress=False), Pacing("open"), on_record=lambda r: None)
     load = os.getloadavg()[0]
     metrics = {**compute_metrics(records), **backend.metrics()}
     if metrics["perf/requests_failed"]:

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 4's GPU run in one device call: GPU tests, then benchmarks/gpu_bench.py, outputs under $OUT.
+# The flash_attn and cuda_graphs GPU run in one device call: GPU tests, then benchmarks/gpu_bench.py, outputs under $OUT.
 #   bash benchmarks/gpu_run.sh            (OUT defaults to ./gpu_out)
 # SmolLM2's 98 MB GGUF file does not fit one call's 64 MiB, so it travels in two pieces: an earlier call
 # on the same warm machine copies .stage/a/gguf.part0 to /tmp/stage (`bash benchmarks/gpu_run.sh stage`);

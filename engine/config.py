@@ -7,7 +7,7 @@ key fails when the config is composed.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Optional
 
 ENGINES = ("reference", "vllm", "hf", "openai")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
@@ -95,4 +95,3 @@ class EngineConfig:
     chunked_prefill: bool = False
     # engines reached over HTTP
     server: ServerConfig = field(default_factory=ServerConfig)
-    extra: dict[str, Any] = field(default_factory=dict)

@@ -16,6 +16,7 @@ from abtest.lossless import arms_lossless
 from abtest.rollout import DEFAULT_REGISTRY, promote, rollout_plan
 from abtest.stats import pool_repeats
 from abtest.verdict import ArmResult, Verdict, check_same_traffic, decide, verdict_table
+from experiments.build import check_keys
 from experiments.experiment import ExperimentResult, run_experiment
 from experiments.tracking import Tracker
 from quality.prompts import load_prompt_set
@@ -44,7 +45,9 @@ def base_overrides(overrides: list[str]) -> list[str]:
 
 
 def compose_arm(base: list[str], extra: list[str]) -> DictConfig:
-    return compose(config_name="config", overrides=[*base, *extra])
+    cfg = compose(config_name="config", overrides=[*base, *extra])
+    check_keys(cfg)  # before any arm runs: a `+key` typo in an arm's overrides would be dropped silently
+    return cfg
 
 
 def gate_config(cfg: DictConfig) -> GateConfig:
@@ -91,9 +94,8 @@ def run_ab(cfg: DictConfig, run_dir: Path, overrides: list[str], choices: dict) 
     base = base_overrides(overrides)
     control = Arm("control", [*base, *ab.control], compose_arm(base, list(ab.control)), [])
     candidate = Arm("candidate", [*base, *ab.candidate], compose_arm(base, list(ab.candidate)), [])
-    parent = Tracker(OmegaConf.to_object(cfg.tracking), f"ab:{ab.name}", {"optladder.kind": "ab", "ab": ab.name})
-    ok = False
-    try:
+    with Tracker(OmegaConf.to_object(cfg.tracking), f"ab:{ab.name}", {"optladder.kind": "ab", "ab": ab.name},
+                 run_dir=run_dir) as parent:
         run_arms([control, candidate], ab.repeats, run_dir, parent.run_id)
         verdict, cand, lossless, why = gate_pair(control, candidate, gate_config(cfg))
         out = {"ab": ab.name, "control": control.overrides, "candidate": candidate.overrides,
@@ -112,11 +114,7 @@ def run_ab(cfg: DictConfig, run_dir: Path, overrides: list[str], choices: dict) 
         parent.set_tags({"verdict": verdict.status})
         print(verdict_table(verdict))
         print(f"verdict.json: {run_dir / 'verdict.json'}")
-        ok = True
         return verdict.exit_code
-    finally:
-        parent.log_artifacts(run_dir)
-        parent.end(ok)
 
 
 def _review(cfg: DictConfig, run_dir: Path, control: Arm, candidate: Arm) -> None:

@@ -9,13 +9,13 @@ import json
 import logging
 import random
 import time
-import traceback
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
 from backends import make_backend
+from experiments.build import build
 from experiments.plots import plot_run
 from experiments.snapshot import build_snapshot, write_snapshot
 from experiments.tracking import Tracker, flatten
@@ -23,7 +23,7 @@ from quality.prompts import load_prompt_set, prompts_digest
 from quality.scoring import score_vs_references, to_metrics
 from traffic.capacity import capacity_metrics, find_capacity, requests_at
 from traffic.metrics import compute_metrics
-from traffic.replay import ReplayConfig
+from traffic.replay_config import Pacing
 from traffic.request import Request, RequestRecord, requests_digest
 from traffic.workload import build_workload
 
@@ -51,7 +51,7 @@ def run_experiment(cfg: DictConfig, run_dir: Path, overrides: list[str] | None =
                    with_quality: bool = True) -> ExperimentResult:
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
-    conf = OmegaConf.to_object(cfg)  # builds the dataclasses: each validates its own fields here
+    conf = build(cfg)  # the dataclasses: unknown keys refused, each validates its own fields here
     resolved = OmegaConf.to_container(cfg, resolve=True)
     snapshot = build_snapshot(resolved, overrides or [], choices or {})
     write_snapshot(run_dir, snapshot)
@@ -61,22 +61,10 @@ def run_experiment(cfg: DictConfig, run_dir: Path, overrides: list[str] | None =
     base_tags = {"engine": conf.engine.name, "model": conf.model.name, "opts": ",".join(opts) or "baseline",
                  "git_commit": str(snapshot["environment"].get("git_commit")),
                  "device": snapshot["environment"].get("gpu") or "cpu"}
-    tracker = Tracker(conf.tracking, run_name or _default_name(conf, opts), {**base_tags, **(tags or {})},
-                      parent_run_id)
-    ok = False
-    try:
+    with Tracker(conf.tracking, run_name or _default_name(conf, opts), {**base_tags, **(tags or {})},
+                 parent_run_id, run_dir) as tracker:
         tracker.log_params(flatten(resolved))
-        result = _run(conf, run_dir, snapshot, tracker, opts, with_quality)
-        ok = True
-        return result
-    except BaseException:
-        (run_dir / "error.txt").write_text(traceback.format_exc())
-        raise
-    finally:
-        try:
-            tracker.log_artifacts(run_dir)
-        finally:
-            tracker.end(ok)
+        return _run(conf, run_dir, snapshot, tracker, opts, with_quality)
 
 
 def _default_name(conf, opts: list[str]) -> str:
@@ -85,7 +73,7 @@ def _default_name(conf, opts: list[str]) -> str:
 
 def _run(conf, run_dir: Path, snapshot: dict, tracker: Tracker, opts: list[str],
          with_quality: bool) -> ExperimentResult:
-    backend = make_backend(conf.model, conf.engine, conf.replay.driver, conf.replay.request_timeout_s)
+    backend = make_backend(conf.model, conf.engine, conf.replay.driver)
     try:  # a server-backed engine (vLLM) must stop on every exit path, not only at process exit
         return _measure(conf, backend, run_dir, snapshot, tracker, opts, with_quality)
     finally:
@@ -109,9 +97,8 @@ def _measure(conf, backend, run_dir: Path, snapshot: dict, tracker: Tracker, opt
             f.write(rec.to_json() + "\n")
             f.flush()  # a crash keeps every request that finished
 
-        rcfg = ReplayConfig(mode=workload.mode, concurrency=workload.concurrency,
-                            lateness_warn_ms=conf.replay.lateness_warn_ms, progress=conf.replay.progress)
-        records = backend.replay(workload.requests, rcfg, on_record)
+        pacing = Pacing(workload.mode, workload.concurrency)
+        records = backend.replay(workload.requests, conf.replay, pacing, on_record)
     metrics.update(compute_metrics(records, conf.slo))
     metrics.update(backend.metrics())
     if conf.replay.capacity:  # after the engine's own metrics, so the probes do not blur them
@@ -188,11 +175,12 @@ def _capacity(conf, backend, requests, run_dir: Path) -> dict[str, float]:
     rc = conf.replay
     closed = rc.capacity_mode == "concurrency"
 
+    quiet = replace(rc, progress=False)
+
     def run_at(load: float) -> list[RequestRecord]:
         reqs = requests_at(requests, rc.capacity_requests, load, rc.capacity_mode, conf.seed)
-        cfg = ReplayConfig(mode="closed" if closed else "open", concurrency=int(load) if closed else 1,
-                           lateness_warn_ms=rc.lateness_warn_ms, progress=False)
-        return backend.replay(reqs, cfg, lambda rec: None)
+        pacing = Pacing("closed", int(load)) if closed else Pacing("open")
+        return backend.replay(reqs, quiet, pacing, lambda rec: None)
 
     result = find_capacity(run_at, rc.capacity_lo, rc.capacity_hi, conf.slo, rc.capacity_mode, rc.capacity_iters)
     (run_dir / "capacity.json").write_text(json.dumps(result.to_dict(), indent=2))

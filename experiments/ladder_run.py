@@ -5,43 +5,34 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Callable
 
 from omegaconf import DictConfig, OmegaConf
 
 from abtest.ladder import keeps, ladder_chart, ladder_table, rung_opts
-from abtest.verdict import verdict_table
+from abtest.verdict import ArmResult, Verdict, verdict_table
 from experiments.ab_run import Arm, base_overrides, compose_arm, gate_config, gate_pair, run_arms
 from experiments.tracking import Tracker
+
+
+RunRung = Callable[[str, list[str]], Arm]  # (arm name, opts on) -> the arm, its runs done
+Judge = Callable[[Arm, Arm], tuple[Verdict, ArmResult]]  # (last accepted, candidate) -> verdict, candidate
 
 
 def run_ladder(cfg: DictConfig, run_dir: Path, overrides: list[str], choices: dict) -> int:
     ladder = OmegaConf.to_object(cfg.ladder)
     base = base_overrides(overrides)
     gate = gate_config(cfg)
-    parent = Tracker(OmegaConf.to_object(cfg.tracking), f"ladder:{ladder.name}",
-                     {"optladder.kind": "ladder", "ladder": ladder.name})
-    ok = False
-    try:
-        prev = Arm("rung0-baseline", list(base), compose_arm(base, []), [])
-        run_arms([prev], ladder.repeats, run_dir, parent.run_id)
-        rungs = [{"rung": 0, "opt": None, "opts": [], "status": "baseline", "accepted_rung": 0,
-                  "metrics": prev.runs[0].metrics, "run_id": prev.runs[0].run_id}]
-        accepted: list[str] = []
-        accepted_rung = 0
-        for i, opt in enumerate(ladder.rungs, 1):
-            opts = rung_opts(accepted, opt)
-            extra = [f"+opt=[{','.join(opts)}]"]
-            cand = Arm(f"rung{i}-{opt}", [*base, *extra], compose_arm(base, extra), [])
-            run_arms([cand], ladder.repeats, run_dir, parent.run_id)
-            verdict, cres, _, _ = gate_pair(prev, cand, gate)
-            print(f"rung {i} (+{opt}) vs rung {accepted_rung}:\n{verdict_table(verdict)}")
-            keep = keeps(verdict.status, ladder.keep_inconclusive)
-            if keep:
-                accepted = opts
-                prev, accepted_rung = cand, i
-            rungs.append({"rung": i, "opt": opt, "opts": opts, "status": verdict.status, "kept": keep,
-                          "accepted_rung": accepted_rung, "metrics": cres.metrics,
-                          "run_id": cand.runs[0].run_id, "verdict": verdict.to_dict()})
+    with Tracker(OmegaConf.to_object(cfg.tracking), f"ladder:{ladder.name}",
+                 {"optladder.kind": "ladder", "ladder": ladder.name}, run_dir=run_dir) as parent:
+        def run_rung(name: str, opts: list[str]) -> Arm:
+            extra = [f"+opt=[{','.join(opts)}]"] if opts else []
+            arm = Arm(name, [*base, *extra], compose_arm(base, extra), [])
+            run_arms([arm], ladder.repeats, run_dir, parent.run_id)
+            return arm
+
+        rungs, accepted = climb(ladder.rungs, ladder.keep_inconclusive, run_rung,
+                                lambda prev, cand: gate_pair(prev, cand, gate)[:2])
         table = ladder_table(rungs)
         (run_dir / "ladder.json").write_text(json.dumps({"ladder": ladder.name, "rungs": rungs,
                                                          "accepted": accepted}, indent=2, default=str))
@@ -49,8 +40,26 @@ def run_ladder(cfg: DictConfig, run_dir: Path, overrides: list[str], choices: di
         ladder_chart(rungs, run_dir / "ladder.png")
         print(table)
         print(f"ladder.json, ladder.md, ladder.png in {run_dir}")
-        ok = True
         return 0
-    finally:
-        parent.log_artifacts(run_dir)
-        parent.end(ok)
+
+
+def climb(opts: list[str], keep_inconclusive: bool, run_rung: RunRung, judge: Judge) -> tuple[list[dict], list[str]]:
+    """The baseline, then one rung per opt: the accepted opts plus this one, judged against the last
+    accepted rung. Returns one row per rung (ladder.json's) and the opts accepted at the end."""
+    prev = run_rung("rung0-baseline", [])
+    rungs = [{"rung": 0, "opt": None, "opts": [], "status": "baseline", "accepted_rung": 0,
+              "metrics": prev.runs[0].metrics, "run_id": prev.runs[0].run_id}]
+    accepted: list[str] = []
+    accepted_rung = 0
+    for i, opt in enumerate(opts, 1):
+        on = rung_opts(accepted, opt)
+        cand = run_rung(f"rung{i}-{opt}", on)
+        verdict, cres = judge(prev, cand)
+        print(f"rung {i} (+{opt}) vs rung {accepted_rung}:\n{verdict_table(verdict)}")
+        keep = keeps(verdict.status, keep_inconclusive)
+        if keep:
+            accepted, prev, accepted_rung = on, cand, i
+        rungs.append({"rung": i, "opt": opt, "opts": on, "status": verdict.status, "kept": keep,
+                      "accepted_rung": accepted_rung, "metrics": cres.metrics,
+                      "run_id": cand.runs[0].run_id, "verdict": verdict.to_dict()})
+    return rungs, accepted

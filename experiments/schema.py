@@ -4,52 +4,21 @@ and `OmegaConf.to_object` builds them (running each one's own validation) before
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Optional
 
 from hydra.core.config_store import ConfigStore
 
 from abtest.gates import GateConfig
-from backends import DRIVERS
 from engine.config import EngineConfig, ModelConfig
 from quality.prompts import QualityConfig
-from traffic.capacity import MODES as CAPACITY_MODES, validate_search
 from traffic.metrics import SLO
+from traffic.replay_config import ReplayConfig
 from traffic.workload import WorkloadConfig
-
 
 
 @dataclass
 class DataConfig:
     root: Optional[str] = None  # real traces and prompt sets; also $OPTLADDER_DATA
-
-
-@dataclass
-class ReplaySection:
-    driver: str = "inprocess"
-    warmup_requests: int = 2
-    lateness_warn_ms: float = 50.0
-    progress: bool = True
-    request_timeout_s: float = 3600.0  # locust: per request, queueing included (a CPU replay queues for minutes)
-    # capacity search, after the main replay: python run.py replay.capacity=true [replay.capacity_mode=rate]
-    capacity: bool = False
-    capacity_mode: str = "concurrency"  # concurrency: closed loop | rate: open loop, Poisson, req/s
-    capacity_lo: float = 1.0
-    capacity_hi: float = 64.0
-    capacity_iters: int = 6  # bisection probes after lo and hi
-    capacity_requests: int = 32  # per probe, the workload's first requests (cycled if fewer)
-
-    def __post_init__(self) -> None:
-        if self.driver not in DRIVERS:
-            raise ValueError(f"replay.driver={self.driver!r} is not one of {list(DRIVERS)}")
-        if self.warmup_requests < 0:
-            raise ValueError(f"replay.warmup_requests must be >= 0, got {self.warmup_requests}")
-        if not self.request_timeout_s > 0:
-            raise ValueError(f"replay.request_timeout_s must be > 0, got {self.request_timeout_s}")
-        if self.capacity_mode not in CAPACITY_MODES:
-            raise ValueError(f"replay.capacity_mode={self.capacity_mode!r} is not one of {list(CAPACITY_MODES)}")
-        validate_search(self.capacity_lo, self.capacity_hi, self.capacity_mode, self.capacity_iters)
-        if self.capacity_requests < 1:
-            raise ValueError(f"replay.capacity_requests must be >= 1, got {self.capacity_requests}")
 
 
 @dataclass
@@ -103,13 +72,12 @@ class Config:
     quality: QualityConfig = field(default_factory=QualityConfig)
     gate: GateConfig = field(default_factory=GateConfig)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
-    replay: ReplaySection = field(default_factory=ReplaySection)
+    replay: ReplayConfig = field(default_factory=ReplayConfig)
     slo: SLO = field(default_factory=SLO)
     data: DataConfig = field(default_factory=DataConfig)
     seed: int = 0
     ab: Optional[ABConfig] = None
     ladder: Optional[LadderConfig] = None
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 def register() -> None:

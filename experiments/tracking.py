@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import traceback
 from pathlib import Path
 
 from experiments.snapshot import PROJECT_ROOT
@@ -33,15 +34,41 @@ def flatten(d, prefix: str = "") -> dict[str, str]:
 
 
 class Tracker:
-    """A thin wrapper so the experiment code reads the same with tracking on or off."""
+    """One MLflow run as a context manager, so the experiment code reads the same with tracking on or off and
+    every exit path ends the run: on leaving the block the run directory's files become the run's artifacts
+    (with error.txt, the traceback, when the block raised) and the run is marked FINISHED or FAILED.
 
-    def __init__(self, cfg, run_name: str, tags: dict[str, str], parent_run_id: str | None = None):
+        with Tracker(cfg.tracking, "name", tags, run_dir=run_dir) as tracker:
+            tracker.log_metrics(...)
+    """
+
+    def __init__(self, cfg, run_name: str, tags: dict[str, str], parent_run_id: str | None = None,
+                 run_dir: Path | None = None):
+        self.cfg, self.run_name, self.tags, self.parent_run_id = cfg, run_name, tags, parent_run_id
+        self.run_dir = None if run_dir is None else Path(run_dir)
         self.enabled = cfg.enabled
         self.run_id: str | None = None
-        if not self.enabled:
-            return
+
+    def __enter__(self) -> "Tracker":
+        if self.enabled:
+            self._start()
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        try:
+            if self.run_dir is not None:
+                if exc_type is not None:
+                    self.run_dir.mkdir(parents=True, exist_ok=True)
+                    (self.run_dir / "error.txt").write_text("".join(traceback.format_exception(exc_type, exc, tb)))
+                self.log_artifacts(self.run_dir)
+        finally:
+            self.end(exc_type is None)
+        return False  # the exception, if any, goes on
+
+    def _start(self) -> None:
         import mlflow
 
+        cfg = self.cfg
         self.mlflow = mlflow
         uri = check_uri(resolve_uri(cfg.uri))  # a server that is down fails here, before weights load
         mlflow.set_tracking_uri(uri)
@@ -51,8 +78,8 @@ class Tracker:
         mlflow.set_experiment(cfg.experiment)
         if cfg.system_metrics:
             mlflow.set_system_metrics_sampling_interval(cfg.system_metrics_interval_s)
-        parent = parent_run_id or os.environ.get(PARENT_ENV)
-        run = mlflow.start_run(run_name=cfg.run_name or run_name, tags=tags, parent_run_id=parent,
+        parent = self.parent_run_id or os.environ.get(PARENT_ENV)
+        run = mlflow.start_run(run_name=cfg.run_name or self.run_name, tags=self.tags, parent_run_id=parent,
                                log_system_metrics=cfg.system_metrics, nested=bool(parent))
         self.run_id = run.info.run_id
 

@@ -310,7 +310,8 @@ def test_hf_greedy_text_equals_the_reference_engine_in_float32():
 def test_hf_replay_gives_per_token_records(kw):
     from backends.hf import HFEngine
     from engine.sequence import SamplingParams
-    from traffic.replay import InProcessDriver, ReplayConfig
+    from traffic.replay import InProcessDriver
+    from traffic.replay_config import Pacing, ReplayConfig
     from traffic.request import Request
 
     eng = HFEngine(ModelConfig(name="tiny", source="random", tokenizer="smollm2", vocab_size=49152, hidden_size=64,
@@ -321,7 +322,7 @@ def test_hf_replay_gives_per_token_records(kw):
     reqs.append(Request("too-long", [7] * 300, 4, scheduled_at=0.1))
     params = lambda r: SamplingParams(temperature=0.0, max_tokens=r.output_len, ignore_eos=True)  # noqa: E731
     try:
-        recs = InProcessDriver(eng, params).replay(reqs, ReplayConfig(mode="open", progress=False))
+        recs = InProcessDriver(eng, params).replay(reqs, ReplayConfig(progress=False), Pacing("open"))
     finally:
         eng.close()
     for req, rec in zip(reqs[:-1], recs):

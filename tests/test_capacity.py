@@ -1,6 +1,7 @@
 """Capacity search: the bisection itself, against replays whose P99 E2E is a known function of the load
 (the search is the thing under test, the replay is its input)."""
 import math
+import re
 
 import pytest
 
@@ -100,3 +101,57 @@ def test_requests_at_builds_the_probe_workload():
 def test_bad_search_settings_are_refused(kwargs, match):
     with pytest.raises(ValueError, match=match):
         find_capacity(FakeReplay(1.0), **kwargs)
+
+
+def test_every_probe_is_recorded_whole_and_to_dict_keeps_finite_values():
+    result = find_capacity(FakeReplay(slope=0.5), lo=2, hi=8)  # passes up to 6
+    assert [(p.load, p.p99_e2e_s, p.ok, p.requests, p.failed) for p in result.probes] == [
+        (2, 1.0, True, 20, 0), (8, 4.0, False, 20, 0), (5, 2.5, True, 20, 0), (6, 3.0, True, 20, 0),
+        (7, 3.5, False, 20, 0)]
+    assert (result.value, result.mode, result.slo_e2e_s) == (6, "concurrency", 3.0)
+    assert [p["p99_e2e_s"] for p in result.to_dict()["probes"]] == [1.0, 4.0, 2.5, 3.0, 3.5]
+
+
+def test_one_passing_probe_at_lo_is_the_answer_until_something_larger_passes():
+    result = find_capacity(FakeReplay(slope=1.0), lo=3, hi=8, iters=0)  # 3 passes, 8 fails, no bisection
+    assert result.value == 3 and [p.load for p in result.probes] == [3, 8]
+
+
+def test_default_tolerance_stops_concurrency_at_adjacent_integers_and_rate_at_a_percent_of_hi():
+    fake = FakeReplay(slope=0.1)
+    find_capacity(fake, lo=1, hi=64, iters=50)
+    assert fake.loads == [1, 64, 32, 16, 24, 28, 30, 31]  # stops once 30 passes and 31 fails
+    rate = FakeReplay(slope=0.25)
+    result = find_capacity(rate, lo=1.0, hi=40.0, mode="rate", iters=50)
+    assert 12.0 - 0.4 <= result.value <= 12.0 and len(rate.loads) == 2 + 7  # 39 / 2^7 < 0.4 <= 39 / 2^6
+
+
+def test_p99_counts_only_requests_that_succeeded_and_uses_the_99th_percentile():
+    recs = records_with_e2e(1.0, n=200)
+    for i, r in enumerate(recs):
+        r.finished_at = (i + 1) / 100  # E2E 0.01 .. 2.00
+    assert p99_e2e(recs) == pytest.approx(1.9801)  # rank 197.01 of 0..199
+    recs[0].ok = False  # its E2E is the smallest, but a failure counts as infinitely slow: the next rank up
+    assert p99_e2e(recs) == pytest.approx(2.0)
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({"lo": 2, "hi": 2}, None), ({"lo": 1, "hi": 4, "iters": 0}, None),
+    ({"lo": 1, "hi": 4, "tolerance": 0}, "capacity tolerance must be > 0, got 0"),
+    ({"lo": 1, "hi": 4, "tolerance": -1}, "capacity tolerance must be > 0, got -1")])
+def test_search_edges(kwargs, match):
+    if match is None:
+        find_capacity(FakeReplay(0.1), **kwargs)
+    else:
+        with pytest.raises(ValueError, match=re.escape(match)):
+            find_capacity(FakeReplay(0.1), **kwargs)
+
+
+def test_probe_workloads_reuse_the_requests_and_number_the_copies():
+    reqs = [Request(f"q{i}", [1, 2, 3], 4) for i in range(2)]
+    assert [r.id for r in requests_at(reqs, 5, 2, "concurrency")] == ["q0", "q1", "q0-c1", "q1-c1", "q0-c2"]
+    default = [r.scheduled_at for r in requests_at(reqs, 5, 3.0, "rate")]
+    assert default == [r.scheduled_at for r in requests_at(reqs, 5, 3.0, "rate", seed=0)]
+    assert default != [r.scheduled_at for r in requests_at(reqs, 5, 3.0, "rate", seed=1)]
+    with pytest.raises(ValueError, match=re.escape("capacity search needs at least one request to replay")):
+        requests_at([], 5, 2, "concurrency")

@@ -1,40 +1,82 @@
 """The real config: every group option composes into the typed schema; mistakes fail at compose time."""
-from pathlib import Path
+import re
+import shutil
+from dataclasses import asdict
 
 import pytest
+from hydra import compose, initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
 from hydra.errors import ConfigCompositionException
 from omegaconf import OmegaConf
-from omegaconf.errors import ConfigKeyError, ValidationError
+from omegaconf.errors import ValidationError
 
+from abtest.lossless import arms_lossless, leaves
 from engine.opts import OPTS
+from experiments.build import build
+from experiments.schema import register
 from tests.conftest import CONF, compose_config
 
 NEEDS_PATH = {"mooncake", "jsonl"}
+GROUPS = sorted(p.name for p in CONF.iterdir() if p.is_dir())
 
 
 def options(group: str) -> list[str]:
     return sorted(p.stem for p in (CONF / group).glob("*.yaml"))
 
 
-@pytest.mark.parametrize("group", ["model", "engine", "workload", "quality", "gate", "tracking"])
-def test_every_group_option_composes_and_builds(group):
+def selector(group: str, name: str) -> str:
+    """Optional groups are added (+ab=x); the defaults list's groups are swapped (model=x)."""
+    return f"+{group}={name}" if group in OPTIONAL else f"{group}={name}"
+
+
+OPTIONAL = {"opt", "ab", "ladder"}
+
+
+def test_every_conf_group_is_tested():
+    assert set(GROUPS) == {"model", "engine", "workload", "quality", "gate", "tracking", *OPTIONAL}, GROUPS
+
+
+@pytest.mark.parametrize("group", [g for g in GROUPS if g != "opt"])  # opt: its own test below
+def test_every_group_option_composes_builds_and_keeps_its_values(group):
     for name in options(group):
         extra = [f"workload.path=/some/file.jsonl"] if group == "workload" and name in NEEDS_PATH else []
-        cfg = compose_config([f"{group}={name}", *extra], cheap=False)
-        obj = OmegaConf.to_object(cfg)  # runs each dataclass's own validation
-        assert getattr(obj, group) is not None
+        cfg = compose_config([selector(group, name), *extra], cheap=False)
+        built = asdict(getattr(build(cfg), group))  # build: every dataclass's own validation runs
+        written = leaves(OmegaConf.to_container(OmegaConf.load(CONF / group / f"{name}.yaml")))
+        got = leaves(built)
+        for key, value in written.items():
+            if isinstance(value, str) and value.startswith("${") or f"{group}.{key}=" in " ".join(extra):
+                continue  # an interpolation (seed: ${seed}), or a value this test sets itself
+            assert got[key] == value, f"{group}={name}: {key}"
+
+
+@pytest.mark.parametrize("name", options("ab"))
+def test_every_ab_arm_composes_and_builds(name):
+    ab = build(compose_config([f"+ab={name}"])).ab
+    assert ab.candidate and ab.candidate != ab.control
+    for arm in (ab.control, ab.candidate):
+        build(compose_config(list(arm)))  # an arm's overrides must compose, or the A/B dies after its first arm
 
 
 def test_every_opt_file_sets_its_registered_field_and_nothing_else():
     assert set(options("opt")) == set(OPTS)
+    base = compose_config([], cheap=False)
     for name, spec in OPTS.items():
         cfg = compose_config([f"+opt={name}"], cheap=False)
-        base = compose_config([], cheap=False)
         changed = {k for k in cfg.engine if cfg.engine[k] != base.engine[k]}
         assert changed == {spec.field}, name
-        text = (CONF / "opt" / f"{name}.yaml").read_text()
-        assert text.startswith("# @package engine")
-        assert ("lossless" in text) == spec.lossless
+        assert (CONF / "opt" / f"{name}.yaml").read_text().startswith("# @package engine")
+
+
+def test_losslessness_comes_from_the_registry():
+    """The gate's lossless decision for `+opt=X` against the baseline is the registry's flag for X."""
+    base = OmegaConf.to_container(compose_config([]), resolve=True)
+    for name, spec in OPTS.items():
+        opts = [*spec.needs, name]
+        cand = OmegaConf.to_container(compose_config([f"+opt=[{','.join(opts)}]"]), resolve=True)
+        assert arms_lossless(base, cand)[0] == all(OPTS[o].lossless for o in opts), name
+    lossy = OmegaConf.to_container(compose_config(["engine.dtype=bfloat16"]), resolve=True)
+    assert arms_lossless(base, lossy) == (False, "lossy: engine.dtype=auto->bfloat16")
 
 
 def test_several_opts_compose():
@@ -59,7 +101,31 @@ def test_unknown_group_option_names_the_valid_ones():
 def test_wrong_type_fails_at_compose():
     with pytest.raises(ConfigCompositionException) as e:
         compose_config(["workload.num_requests=many"])
-    assert isinstance(e.value.__cause__, ValidationError) or "many" in str(e.value)
+    cause = e.value.__cause__
+    assert isinstance(cause, ValidationError) and cause.full_key == "workload.num_requests", repr(cause)
+
+
+@pytest.mark.parametrize("override, key", [("+engine.paged_kvv=true", "engine.paged_kvv"),
+                                           ("+extra.anything=1", "extra"),
+                                           ("+engine.extra.anything=1", "engine.extra"),
+                                           ("+engine.server.hostt=x", "engine.server.hostt")])
+def test_a_force_added_typo_fails_before_anything_runs(override, key):
+    """`+key=` makes Hydra add the key whatever the schema says, and to_object would drop it silently."""
+    cfg = compose_config([override])
+    with pytest.raises(ValueError, match=re.escape(f"['{key}']")):
+        build(cfg)
+
+
+def test_a_typo_in_a_yaml_file_fails_at_compose(tmp_path):
+    conf = tmp_path / "conf"
+    shutil.copytree(CONF, conf)
+    (conf / "opt" / "typo.yaml").write_text("# @package engine\npaged_kvv: true\n")
+    register()
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(conf), version_base="1.3"):
+        with pytest.raises(ConfigCompositionException) as e:
+            compose("config", overrides=["+opt=typo"])
+    assert "paged_kvv" in str(e.value) and "EngineConfig" in str(e.value)
 
 
 @pytest.mark.parametrize("override, field", [("workload.num_requests=0", "num_requests"),

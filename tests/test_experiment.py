@@ -111,8 +111,8 @@ def test_run_that_dies_halfway_is_failed_and_keeps_its_records(tmp_path):
 
 def test_prompt_longer_than_max_model_len_is_rejected_and_counted(tmp_path):
     cfg = compose_config(["tracking.enabled=false", "engine.max_model_len=64", "quality.num_prompts=1",
-                          "workload.input_len_range=[40,60]", "workload.output_len_range=[2,4]"])
+                          "workload.input_len_range=[62,90]", "workload.output_len_range=[4,8]"])
     result = run_experiment(cfg, tmp_path / "out")
     # the workload fits requests to max_model_len (counted as changed lengths), nothing is truncated silently
-    assert result.metrics["traffic/changed_lengths"] >= 0
-    assert all(r.input_tokens + r.requested_output_tokens <= 64 for r in result.records)
+    assert result.metrics["traffic/changed_lengths"] == 6  # every one: at least 62 + 4 tokens for 64
+    assert all(r.input_tokens + r.requested_output_tokens <= 64 and r.ok for r in result.records)

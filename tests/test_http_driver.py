@@ -17,13 +17,14 @@ from engine.config import EngineConfig
 from serving.server import serve
 from backends.engines import ReferenceBackend
 from traffic.arrivals import poisson_arrivals
-from traffic.http_driver import HttpReplayConfig, replay_http
+from traffic.http_driver import replay_http
 from traffic.metrics import compute_metrics
-from traffic.replay import ReplayConfig
+from traffic.replay_config import Pacing, ReplayConfig
 from traffic.request import Request
 from traffic.sse import TokenStream, completion_payload
 
 ROOT = Path(__file__).resolve().parents[1]
+QUIET = ReplayConfig(progress=False)
 
 
 def make_requests(n: int, rate: float | None, out_range=(3, 12), seed: int = 0) -> list[Request]:
@@ -43,7 +44,7 @@ def server():
 def test_open_loop_replay_keeps_the_schedule(server):
     reqs = make_requests(16, rate=8.0)
     seen = []
-    records = replay_http(reqs, server.url, "tiny", HttpReplayConfig(mode="open", progress=False), seen.append)
+    records = replay_http(reqs, server.url, "tiny", QUIET, Pacing("open"), seen.append)
     assert [r.id for r in records] == [r.id for r in reqs] and sorted(r.id for r in seen) == sorted(r.id for r in reqs)
     for req, rec in zip(reqs, records):
         assert rec.ok, rec.error
@@ -59,7 +60,7 @@ def test_open_loop_replay_keeps_the_schedule(server):
 
 def test_closed_loop_keeps_concurrency_in_flight(server):
     reqs = make_requests(12, rate=None, out_range=(6, 10))
-    records = replay_http(reqs, server.url, "tiny", HttpReplayConfig(mode="closed", concurrency=3, progress=False))
+    records = replay_http(reqs, server.url, "tiny", QUIET, Pacing("closed", 3))
     assert all(r.ok for r in records)
     edges = sorted([(r.sent_at, 1) for r in records] + [(r.finished_at, -1) for r in records],
                    key=lambda e: (e[0], e[1]))
@@ -74,14 +75,14 @@ def test_closed_loop_keeps_concurrency_in_flight(server):
 def test_chat_endpoint_replays_too(server):
     reqs = make_requests(4, rate=20.0)
     records = replay_http(reqs, server.url, "tiny",
-                          HttpReplayConfig(mode="open", endpoint="chat", progress=False))
+                          ReplayConfig(endpoint="chat", progress=False), Pacing("open"))
     assert all(r.ok and r.output_tokens == q.output_len for r, q in zip(records, reqs))
 
 
 def test_requests_the_server_refuses_are_counted_errors(server):
     reqs = make_requests(3, rate=20.0)
     reqs[1] = Request("too-long", [5] * 300, 4, scheduled_at=reqs[1].scheduled_at)
-    records = replay_http(reqs, server.url, "tiny", HttpReplayConfig(progress=False))
+    records = replay_http(reqs, server.url, "tiny", QUIET, Pacing("open"))
     assert [r.ok for r in records] == [True, False, True]
     assert records[1].error.startswith("HTTP 400") and "maximum context length" in records[1].error
 
@@ -90,12 +91,11 @@ def test_backend_replays_over_http_with_the_same_tokens_as_in_process():
     backend = ReferenceBackend(TINY, EngineConfig(device="cpu", max_model_len=MAX_LEN, kv_cache_gb=0.05),
                                driver="locust")
     reqs = make_requests(4, rate=20.0)
-    cfg = ReplayConfig(mode="open", progress=False)
     written = []
-    over_http = backend.replay(reqs, cfg, written.append)
+    over_http = backend.replay(reqs, QUIET, Pacing("open"), written.append)
     assert all(r.ok for r in over_http) and len(written) == 4
     backend.driver = "inprocess"  # the same engine, now stepped by the in-process driver
-    in_process = backend.replay(reqs, cfg, lambda r: None)
+    in_process = backend.replay(reqs, QUIET, Pacing("open"), lambda r: None)
     assert [r.output_text for r in over_http] == [r.output_text for r in in_process]  # greedy: same tokens
     assert [r.output_tokens for r in over_http] == [r.output_tokens for r in in_process]
     with pytest.raises(ValueError, match="replay.driver='grpc'"):
@@ -126,8 +126,8 @@ def test_a_server_killed_mid_replay_gives_counted_errors_and_keeps_what_was_done
                 proc.send_signal(signal.SIGKILL)
 
         t0 = time.monotonic()
-        records = replay_http(reqs, url, "tiny", HttpReplayConfig(mode="open", timeout_s=30, progress=False),
-                              on_record)
+        cfg = ReplayConfig(request_timeout_s=30, progress=False)
+        records = replay_http(reqs, url, "tiny", cfg, Pacing("open"), on_record)
         elapsed = time.monotonic() - t0
     finally:
         proc.kill()
@@ -148,7 +148,8 @@ def test_a_server_that_never_answers_times_out():
         sink.listen(16)
         url = f"http://127.0.0.1:{sink.getsockname()[1]}"
         t0 = time.monotonic()
-        records = replay_http(make_requests(3, rate=20.0), url, "tiny", HttpReplayConfig(timeout_s=1.0, progress=False))
+        cfg = ReplayConfig(request_timeout_s=1.0, progress=False)
+        records = replay_http(make_requests(3, rate=20.0), url, "tiny", cfg, Pacing("open"))
     assert time.monotonic() - t0 < 15
     assert all(not r.ok and r.error.startswith("timeout") for r in records)
 
@@ -181,8 +182,11 @@ def test_payload_sends_token_ids_and_asks_for_exact_lengths():
     assert completion_payload(r, "tiny", chat=True)["messages"] == [{"role": "user", "content": "x"}]
 
 
-@pytest.mark.parametrize("kwargs, match", [({"mode": "poisson"}, "mode"), ({"endpoint": "embeddings"}, "endpoint"),
-                                           ({"concurrency": 0}, "concurrency"), ({"timeout_s": 0}, "timeout_s")])
-def test_bad_config_is_refused(kwargs, match):
+@pytest.mark.parametrize("make, match", [
+    (lambda: Pacing(mode="poisson"), "mode='poisson'"), (lambda: Pacing(concurrency=0), "concurrency"),
+    (lambda: ReplayConfig(endpoint="embeddings"), "replay.endpoint='embeddings'.*completions"),
+    (lambda: ReplayConfig(request_timeout_s=0), "replay.request_timeout_s"),
+    (lambda: ReplayConfig(max_users=0), "replay.max_users"), (lambda: ReplayConfig(driver="grpc"), "inprocess")])
+def test_bad_config_is_refused(make, match):
     with pytest.raises(ValueError, match=match):
-        HttpReplayConfig(**kwargs)
+        make()

@@ -3,7 +3,7 @@ import math
 
 import pytest
 
-from traffic.metrics import SLO, compute_metrics, summarize
+from traffic.metrics import SLO, compute_metrics, lateness_warning, percentile, summarize
 from traffic.request import RequestRecord
 
 
@@ -68,3 +68,55 @@ def test_slo_rejects_nonpositive():
 def test_no_records_no_throughput():
     m = compute_metrics([])
     assert m["perf/requests_ok"] == 0 and "perf/throughput_req_s" not in m and not math.isnan(m["perf/makespan_s"])
+
+
+def test_slo_bounds_each_on_its_own_measure():
+    """A request fast to its first token but long overall meets a TTFT bound; one slow to start does not."""
+    slo = SLO(e2e_s=3.0, ttft_s=0.5)
+    quick_start = rec("a", 0.0, 0.0, [0.2, 1.0, 2.0])  # TTFT 0.2, E2E 2.0, TPOT 0.9
+    slow_start = rec("b", 0.0, 0.0, [0.8, 0.9, 1.0])    # TTFT 0.8, E2E 1.0
+    assert slo.met_by(quick_start) and not slo.met_by(slow_start)
+    assert SLO(e2e_s=3.0, tpot_s=1.0).met_by(quick_start) and not SLO(e2e_s=3.0, tpot_s=0.8).met_by(quick_start)
+    assert not SLO(e2e_s=1.5).met_by(quick_start) and not slo.met_by(rec("c", 0.0, 0.0, [0.1], ok=False))
+
+
+def test_lateness_counts_every_sent_request_failed_ones_too():
+    """The driver was late sending a request whatever the engine then did with it."""
+    ok = [rec(f"r{i}", float(i), float(i), [i + 1.0]) for i in range(9)]  # on time
+    late_and_failed = rec("late", 9.0, 9.4, [], ok=False)  # sent 400 ms late, then refused
+    m = compute_metrics([*ok, late_and_failed])
+    assert m["perf/lateness_ms_p99"] == pytest.approx(percentile([0.0] * 9 + [400.0], 99))
+    assert m["perf/lateness_ms_p99"] > 300
+    assert "364 ms" in lateness_warning([*ok, late_and_failed], warn_ms=50)  # 0.91 of the way to 400
+    assert lateness_warning(ok, warn_ms=50) is None
+
+
+def test_one_percentile_definition():
+    assert percentile([1, 2, 3, 4], 50) == pytest.approx(2.5)  # linear between the two middle ranks
+    assert percentile([1.0, 2.0, math.inf], 50) == 2.0  # an infinite value: an observed one, never nan
+    assert percentile([1.0, 2.0, math.inf], 99) == math.inf
+    with pytest.raises(ValueError, match="no values"):
+        percentile([], 50)
+
+
+def test_slo_bounds_are_inclusive():
+    r = rec("a", 0.0, 0.0, [0.5, 1.5, 2.5])  # TTFT 0.5, E2E 2.5, TPOT 1.0
+    assert SLO(e2e_s=2.5, ttft_s=0.5, tpot_s=1.0).met_by(r)
+
+
+def test_lateness_warning_boundary_units_and_default_wording():
+    recs = [rec(f"r{i}", 0.0, 0.05, [1.0]) for i in range(3)]  # each sent 50 ms late
+    assert lateness_warning(recs, warn_ms=50) is None  # at the bound is not beyond it
+    assert lateness_warning(recs, warn_ms=49) == ("p99 replay lateness 50 ms exceeds 49 ms: the driver, not the "
+                                                  "engine, is being measured")
+    assert lateness_warning(recs, 49, who="client").startswith("p99 replay lateness 50 ms exceeds 49 ms: the client")
+    assert lateness_warning([RequestRecord("u", 0.0, 1, 1)], warn_ms=1) is None  # nothing sent: nothing late
+
+
+def test_makespan_runs_from_the_first_send_to_the_last_finish():
+    from traffic.metrics import makespan
+
+    assert makespan([rec("a", 0.0, 2.0, [3.0]), rec("b", 0.0, 2.5, [4.0])]) == pytest.approx(2.0)
+    assert makespan([RequestRecord("u", 0.0, 1, 1, sent_at=1.0)]) == 0.0  # sent, never finished
+    m = compute_metrics([rec("a", 0.0, 0.0, [0.2, 0.5])])  # a makespan under one second still has throughput
+    assert m["perf/throughput_req_s"] == pytest.approx(2.0) and m["perf/makespan_s"] == pytest.approx(0.5)

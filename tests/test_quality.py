@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from collections import Counter
 from pathlib import Path
 
@@ -174,6 +175,42 @@ def test_exact_match_rate_uses_raw_strings():
     identical = score_vs_control(["one two three four", "five six seven eight"],
                                  ["one two three four", "five six seven eight"])
     assert (identical.bleu, identical.rougeL, identical.exact_match) == pytest.approx((100.0, 1.0, 1.0))
+
+
+def test_bleu_is_case_sensitive_against_references_and_the_control():
+    """sacrebleu's default: 'Paris' and 'paris' are different tokens, so a change of case is a change."""
+    refs = [["the capital of france is paris and it is large"]]
+    shouted = ["THE CAPITAL OF FRANCE IS PARIS AND IT IS LARGE"]
+    assert score_vs_references(refs[0], refs).bleu == pytest.approx(100.0)
+    assert score_vs_references(shouted, refs).bleu < 1.0
+    assert score_vs_references(shouted, refs).per_prompt[0]["bleu"] < 1.0
+    assert score_vs_control(shouted, refs[0]).bleu < 1.0
+
+
+def test_rouge_against_the_control_is_stemmed_like_against_references():
+    """Inflections that the Porter stemmer folds ('cats'/'cat', 'running'/'run') are one word to ROUGE."""
+    out, ctl = "the cats are running home", "the cat are run home"
+    assert score_vs_control([out], [ctl]).rougeL == pytest.approx(1.0)
+    assert score_vs_references([out], [[ctl]]).rougeL == pytest.approx(1.0)
+    assert score_vs_control([out], [ctl]).exact_match == 0.0
+
+
+def test_short_answers_get_sentence_bleu_on_the_ngrams_they_have():
+    """One- or two-word answers have no 4-grams; sentence BLEU counts the orders they have (effective order)."""
+    s = score_vs_references(["Paris", "eight apples"], [["Paris"], ["eight apples"]])
+    assert [p["bleu"] for p in s.per_prompt] == pytest.approx([100.0, 100.0])
+
+
+def test_rouge_against_the_control_scores_what_differs():
+    c = score_vs_control(["a b c d", "same"], ["a b x y", "same"])
+    assert [p["rougeL"] for p in c.per_prompt] == pytest.approx([0.5, 1.0]) and c.rougeL == pytest.approx(0.75)
+
+
+def test_scoring_refuses_nothing_to_score_and_the_wrong_type():
+    with pytest.raises(ValueError, match=re.escape("no outputs to score: got an empty list")):
+        score_vs_references([], [])
+    with pytest.raises(TypeError, match=re.escape("to_metrics takes QualityScores or ControlScores, got dict")):
+        to_metrics({})
 
 
 def test_mismatched_lengths_raise():

@@ -4,12 +4,14 @@ import pytest
 from engine.config import EngineConfig, ModelConfig
 from engine.llm_engine import LLMEngine
 from engine.sequence import SamplingParams
-from traffic.replay import InProcessDriver, ReplayConfig
+from traffic.replay import InProcessDriver
+from traffic.replay_config import Pacing, ReplayConfig
 from traffic.request import Request
 
 TINY = ModelConfig(name="tiny", source="random", tokenizer="smollm2", hidden_size=64, intermediate_size=128,
                    num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
                    max_position_embeddings=4096)
+QUIET = ReplayConfig(progress=False)
 
 
 def params(r: Request) -> SamplingParams:
@@ -26,7 +28,7 @@ def engine():
 
 
 def test_open_loop_keeps_the_schedule_and_exact_lengths(engine):
-    records = InProcessDriver(engine, params).replay(reqs(10), ReplayConfig(progress=False))
+    records = InProcessDriver(engine, params).replay(reqs(10), QUIET, Pacing("open"))
     assert all(r.ok and r.output_tokens == 5 and len(r.token_times) == 5 for r in records)
     assert max(r.lateness for r in records) < 0.05
     assert all(r.sent_at >= r.scheduled_at for r in records)
@@ -34,8 +36,7 @@ def test_open_loop_keeps_the_schedule_and_exact_lengths(engine):
 
 
 def test_closed_loop_never_exceeds_its_concurrency(engine):
-    records = InProcessDriver(engine, params).replay(reqs(12, out=8), ReplayConfig(mode="closed", concurrency=3,
-                                                                                  progress=False))
+    records = InProcessDriver(engine, params).replay(reqs(12, out=8), QUIET, Pacing("closed", 3))
     assert all(r.ok for r in records)
     events = sorted([(r.sent_at, 1) for r in records] + [(r.finished_at, -1) for r in records],
                     key=lambda e: (e[0], e[1]))
@@ -50,7 +51,7 @@ def test_too_long_prompt_is_rejected_and_counted_not_truncated(engine):
     rs = reqs(3)
     rs[1] = Request("long", list(range(300)), 5, scheduled_at=0.02)
     seen = []
-    records = InProcessDriver(engine, params, on_record=seen.append).replay(rs, ReplayConfig(progress=False))
+    records = InProcessDriver(engine, params, on_record=seen.append).replay(rs, QUIET, Pacing("open"))
     bad = [r for r in records if not r.ok]
     assert [r.id for r in bad] == ["long"] and bad[0].error.startswith("rejected")
     assert bad[0].output_tokens == 0
@@ -59,17 +60,17 @@ def test_too_long_prompt_is_rejected_and_counted_not_truncated(engine):
 
 def test_static_batching_holds_a_lone_request_until_the_timeout():
     eng = LLMEngine(TINY, EngineConfig(kv_cache_gb=0.02, max_model_len=256, batch_size=4, batch_timeout_ms=120))
-    records = InProcessDriver(eng, params).replay(reqs(1), ReplayConfig(progress=False))
+    records = InProcessDriver(eng, params).replay(reqs(1), QUIET, Pacing("open"))
     assert records[0].ttft >= 0.12
 
 
 class DiesAfter(LLMEngine):
-    """A real engine that crashes once two requests have finished, as a driver would meet a device error."""
+    """A real engine that crashes once a request has finished, as a driver would meet a device error."""
 
     finished = 0
 
     def step(self):
-        if self.finished >= 2:
+        if self.finished >= 1:
             raise RuntimeError("device lost")
         events = super().step()
         self.finished += sum(e.finished for e in events)
@@ -79,9 +80,10 @@ class DiesAfter(LLMEngine):
 def test_engine_failure_keeps_finished_records_and_marks_the_rest():
     eng = DiesAfter(TINY, EngineConfig(kv_cache_gb=0.02, max_model_len=256, dynamic_batching=True))
     seen = []
+    # the first request is short and the rest long, so however slow the machine some finish and some do not
+    rs = [Request(r.id, r.prompt_token_ids, 2 if i == 0 else 24, r.scheduled_at) for i, r in enumerate(reqs(8))]
     with pytest.raises(RuntimeError, match="device lost"):
-        InProcessDriver(eng, params, on_record=seen.append).replay(reqs(8, gap=0.1, out=4),
-                                                                   ReplayConfig(progress=False))
+        InProcessDriver(eng, params, on_record=seen.append).replay(rs, QUIET, Pacing("open"))
     done = [r for r in seen if r.ok]
     failed = [r for r in seen if not r.ok]
     assert done and failed and len(done) + len(failed) == 8

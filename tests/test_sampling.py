@@ -1,19 +1,13 @@
 """Stratified and window samples, KS distance, fitting lengths to a context; the real Azure trace."""
-import os
-from pathlib import Path
 
 import numpy as np
 import pytest
 
+from tests.conftest import data_root
 from traffic.sampling import fit_lengths, ks_distance, stratified_sample, window_sample
 from traffic.traces import TraceRow, load_trace
 
 AZURE_FILE = "traces/azure_conv_2023.csv"
-
-
-def real_data_root():
-    root = Path(os.environ.get("OPTLADDER_DATA") or Path(__file__).resolve().parents[2] / "shared" / "data")
-    return root if (root / AZURE_FILE).is_file() else None
 
 
 def synthetic_rows(n=20000, seed=1):
@@ -59,7 +53,7 @@ def test_stratified_beats_plain_random_sampling():
 
 
 def test_real_azure_trace_ks_at_500():
-    root = real_data_root()
+    root = data_root(AZURE_FILE)
     if root is None:
         pytest.skip("the data root has no Azure trace")
     rows = load_trace("azure", AZURE_FILE, data_root=str(root)).rows
@@ -126,3 +120,23 @@ def test_fit_lengths_bad_arguments():
         fit_lengths([TraceRow(0, 1, 1)], 10, "crop")
     with pytest.raises(ValueError, match=r"max_model_len must be >= 2 .*got 1"):
         fit_lengths([TraceRow(0, 1, 1)], 1)
+
+
+def test_every_cell_of_both_lengths_gets_its_exact_share():
+    """Input and output lengths independent, four equal cells: stratifying on both gives each cell exactly a
+    quarter of the sample for every seed; stratifying on one length would leave the other to chance."""
+    rows = [TraceRow(float(i), 100 if i % 2 else 1000, 10 if (i // 2) % 2 else 100) for i in range(1000)]
+    for seed in range(5):
+        picked = stratified_sample(rows, 100, seed)
+        cells = {}
+        for i in picked:
+            key = (rows[i].input_len, rows[i].output_len)
+            cells[key] = cells.get(key, 0) + 1
+        assert cells == {(100, 10): 25, (100, 100): 25, (1000, 10): 25, (1000, 100): 25}, seed
+
+
+def test_window_starts_anywhere_from_the_first_row_to_the_last_that_fits():
+    rows = synthetic_rows(12)
+    starts = {window_sample(rows, 10, seed=s)[0] for s in range(200)}
+    assert starts == {0, 1, 2}
+    assert window_sample(rows, 12, seed=0) == list(range(12))

@@ -1,10 +1,10 @@
 """Trace loaders on small files written here, every bad-input message, and the real Azure trace."""
 import json
-import os
-from pathlib import Path
+import re
 
 import pytest
 
+from tests.conftest import data_root
 from traffic.traces import load_trace, resolve_data_path
 
 AZURE_HEADER = "TIMESTAMP,ContextTokens,GeneratedTokens\n"
@@ -19,11 +19,6 @@ class CharTokenizer:
 
     def decode(self, ids):
         return "".join(chr(i) for i in ids)
-
-
-def real_data_root():
-    root = Path(os.environ.get("OPTLADDER_DATA") or Path(__file__).resolve().parents[2] / "shared" / "data")
-    return root if (root / AZURE_FILE).is_file() else None
 
 
 def write(tmp_path, name, text):
@@ -178,10 +173,88 @@ def test_bad_arguments_list_valid_values(tmp_path):
 
 
 def test_real_azure_trace():
-    root = real_data_root()
+    root = data_root(AZURE_FILE)
     if root is None:
         pytest.skip("the data root has no Azure trace")
     t = load_trace("azure", AZURE_FILE, data_root=str(root))
     assert len(t.rows) == 19366 and t.reordered == 0 and t.skipped == 0
     assert t.rows[0].timestamp_s == 0.0
     assert (len(t.rows) - 1) / t.rows[-1].timestamp_s == pytest.approx(5.53, abs=0.01)
+
+
+def test_tied_timestamps_are_in_order_not_reordered(tmp_path):
+    stamps = [0, 5, 5, 5, 10]
+    path = write(tmp_path, "mc.jsonl", jsonl([
+        {"timestamp": s * 1000, "input_length": i + 1, "output_length": 1} for i, s in enumerate(stamps)]))
+    t = load_trace("mooncake", path)
+    assert t.reordered == 0
+    assert [r.input_len for r in t.rows] == [1, 2, 3, 4, 5]  # ties keep the file's order
+
+
+@pytest.mark.parametrize("kind, row, why", [
+    ("mooncake", {"input_length": 5, "output_length": 1}, "missing timestamp"),
+    ("mooncake", {"timestamp": "soon", "input_length": 5, "output_length": 1}, "timestamp 'soon' is not a number"),
+    ("mooncake", {"timestamp": True, "input_length": 5, "output_length": 1}, "timestamp True is not a number"),
+    ("mooncake", {"timestamp": 1, "output_length": 1}, "missing input_length"),
+    ("mooncake", {"timestamp": 1, "input_length": 5}, "missing output_length"),
+    ("mooncake", {"timestamp": 1, "input_length": 5, "output_length": 1, "hash_ids": [1, "x"]},
+     "hash_ids must be a list of integers, got [1, 'x']"),
+    ("mooncake", {"timestamp": 1, "input_length": 5, "output_length": 1, "hash_ids": 7},
+     "hash_ids must be a list of integers, got 7"),
+    ("mooncake", [1, 2], "expected a JSON object, got list"),
+    ("jsonl", {"timestamp": "x", "input_tokens": 3, "output_tokens": 1}, "timestamp 'x' is not a number"),
+    ("jsonl", {"prompt": 5, "output_tokens": 1}, "prompt must be text, got int"),
+    ("jsonl", {"input_tokens": 3}, "needs 'output_tokens' (a count) or 'output' (text)"),
+    ("jsonl", {"input_tokens": "3x", "output_tokens": 1}, "input_tokens '3x' is not an integer"),
+])
+def test_every_bad_row_says_what_is_wrong_with_it(tmp_path, kind, row, why):
+    good = {"timestamp": 0, "input_length": 5, "output_length": 1, "input_tokens": 5, "output_tokens": 1}
+    path = write(tmp_path, "t.jsonl", jsonl([good]) + json.dumps(row) + "\n" + jsonl([good, good]))
+    with pytest.raises(ValueError, match=re.escape(f"t.jsonl:2: {why} (workload.on_bad_row=skip")):
+        load_trace(kind, path)
+
+
+def test_row_timestamps_come_from_the_row_not_a_default(tmp_path):
+    path = write(tmp_path, "log.jsonl", jsonl([{"timestamp": 2.5, "input_tokens": 3, "output_tokens": 1},
+                                               {"timestamp": 4.0, "input_tokens": 4, "output_tokens": 2}]))
+    t = load_trace("jsonl", path)
+    assert [r.timestamp_s for r in t.rows] == [0.0, 1.5] and t.has_timing
+    untimed = load_trace("jsonl", write(tmp_path, "u.jsonl", jsonl([{"input_tokens": 3, "output_tokens": 1}] * 2)))
+    assert [r.timestamp_s for r in untimed.rows] == [0.0, 0.0] and not untimed.has_timing
+    mc = load_trace("mooncake", write(tmp_path, "m.jsonl", jsonl(
+        [{"timestamp": 3000, "input_length": 3, "output_length": 1}, {"timestamp": 3500, "input_length": 1,
+                                                                       "output_length": 1}])))
+    assert [r.timestamp_s for r in mc.rows] == [0.0, 0.5]
+
+
+@pytest.mark.parametrize("body, why", [("{", "not valid JSON"), ('{"a": 1}', "expected a JSON list of conversations, "
+                                                                           "got dict")])
+def test_a_sharegpt_file_that_is_not_a_list_is_refused(tmp_path, body, why):
+    with pytest.raises(ValueError, match=re.escape(why)):
+        load_trace("sharegpt", write(tmp_path, "s.json", body), tokenizer=CharTokenizer())
+
+
+def test_sharegpt_bad_entries_say_what_is_wrong(tmp_path):
+    entries = [{"id": "a", "conversations": [{"from": "human", "value": "hi"}]}, "text",
+               {"id": "b", "conversations": [{"from": "gpt", "value": "hello"}]},
+               {"id": "c", "conversations": [{"from": "human", "value": "xy"}, {"from": "gpt", "value": 5}]}]
+    path = write(tmp_path, "s.json", json.dumps(entries))
+    with pytest.raises(ValueError, match=re.escape("s.json:entry 1: expected an object with a 'conversations' list")):
+        load_trace("sharegpt", path, tokenizer=CharTokenizer())
+    t = load_trace("sharegpt", path, on_bad_row="skip", tokenizer=CharTokenizer())
+    assert t.skipped == 2 and [(r.input_len, r.output_len, r.output_text) for r in t.rows] == [(2, 0, None),
+                                                                                             (2, 0, None)]
+    entries[1] = {"id": "b2", "conversations": [{"from": "gpt", "value": "hello"}]}
+    with pytest.raises(ValueError, match=re.escape("no human turn in conversation 'b2'")):
+        load_trace("sharegpt", write(tmp_path, "s2.json", json.dumps(entries)), tokenizer=CharTokenizer())
+
+
+def test_non_ascii_text_is_read_as_utf8(tmp_path):
+    p = tmp_path / "u.jsonl"
+    p.write_bytes(jsonl([{"prompt": "héllo wörld", "output_tokens": 1}] * 2).encode("utf-8"))
+    t = load_trace("jsonl", str(p), tokenizer=CharTokenizer())
+    assert t.rows[0].prompt_text == "héllo wörld" and t.rows[0].input_len == 11
+    s = tmp_path / "s.json"
+    s.write_bytes(json.dumps([{"conversations": [{"from": "human", "value": "ça va"}]}] * 2,
+                             ensure_ascii=False).encode("utf-8"))
+    assert load_trace("sharegpt", str(s), tokenizer=CharTokenizer()).rows[0].prompt_text == "ça va"

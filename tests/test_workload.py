@@ -1,11 +1,11 @@
 """Arrival schedules, exact-length prompts with shared prefixes, and whole workloads."""
 import json
-import os
-from pathlib import Path
+import re
 
 import numpy as np
 import pytest
 
+from tests.conftest import data_root
 from traffic.arrivals import gamma_arrivals, mean_rate, poisson_arrivals, trace_arrivals
 from traffic.materialize import build_pool, materialize, prefix_groups, prompt_texts
 from traffic.request import requests_digest
@@ -28,11 +28,6 @@ class CharTokenizer:
 
 
 TOK = CharTokenizer()
-
-
-def real_data_root():
-    root = Path(os.environ.get("OPTLADDER_DATA") or Path(__file__).resolve().parents[2] / "shared" / "data")
-    return root if (root / AZURE_FILE).is_file() else None
 
 
 def write_jsonl(tmp_path, name, rows):
@@ -208,7 +203,7 @@ def test_trace_workloads_need_a_path_or_data():
 
 
 def test_azure_conv_500_keeps_the_distribution_and_lengths():
-    root = real_data_root()
+    root = data_root(AZURE_FILE)
     if root is None:
         pytest.skip("the data root has no Azure trace")
     cfg = WorkloadConfig(name="azure_conv", num_requests=500, arrival="trace")
@@ -226,3 +221,39 @@ def test_azure_conv_500_keeps_the_distribution_and_lengths():
     assert all(r.input_len + r.output_len <= 1024 for r in small.requests)
     assert small.stats["traffic/changed_lengths"] > 0
     assert [r.output_len for r in small.requests] == [min(r.output_len, 1023) for r in w.requests]
+
+
+def test_one_arrival_is_at_zero_and_counts_are_exact():
+    assert poisson_arrivals(1, 2.0, seed=0) == [0.0] and gamma_arrivals(1, 2.0, 1.5, seed=0) == [0.0]
+    assert len(poisson_arrivals(7, 2.0, seed=0)) == 7 and len(gamma_arrivals(7, 2.0, 1.5, seed=0)) == 7
+    with pytest.raises(ValueError, match=re.escape("number of arrivals n must be an integer >= 1, got 2.5")):
+        poisson_arrivals(2.5, 1.0, 0)
+
+
+def test_gamma_arrivals_are_seeded_and_keep_the_mean_gap_at_any_cv():
+    a = gamma_arrivals(50, 4.0, 0.5, seed=7)
+    assert a == gamma_arrivals(50, 4.0, 0.5, seed=7) and a != gamma_arrivals(50, 4.0, 0.5, seed=8)
+    for cv in (0.5, 3.0):
+        gaps = np.diff(gamma_arrivals(40000, 4.0, cv, seed=3))
+        assert gaps.mean() == pytest.approx(0.25, rel=0.05)
+
+
+def test_builtin_lengths_are_log_normal_between_their_bounds():
+    """Median at the geometric middle of the bounds, which lie about two standard deviations out."""
+    from traffic.workload import _log_normal
+
+    lengths = np.array(_log_normal([32, 512], 20000, seed=0))
+    assert lengths.min() == 32 and lengths.max() == 512
+    assert np.median(lengths) == pytest.approx(128, rel=0.03)  # sqrt(32 * 512)
+    assert np.mean(lengths == 32) == pytest.approx(0.023, abs=0.006)  # beyond -2 sigma, clipped to the bound
+    assert np.mean(lengths == 512) == pytest.approx(0.023, abs=0.006)
+    assert np.mean((lengths > 64) & (lengths < 256)) == pytest.approx(0.683, abs=0.02)  # within one sigma
+
+
+def test_prompts_come_from_sharegpt_only_where_the_data_root_has_it(tmp_path):
+    from traffic.materialize import SHAREGPT_PATH, _has_sharegpt
+
+    assert not _has_sharegpt(str(tmp_path))
+    (tmp_path / SHAREGPT_PATH).parent.mkdir(parents=True)
+    (tmp_path / SHAREGPT_PATH).write_text("[]")
+    assert _has_sharegpt(str(tmp_path))

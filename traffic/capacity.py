@@ -21,10 +21,8 @@ import math
 from dataclasses import asdict, dataclass, field, replace
 from typing import Callable
 
-import numpy as np
-
 from traffic.arrivals import poisson_arrivals
-from traffic.metrics import SLO
+from traffic.metrics import SLO, percentile
 from traffic.request import Request, RequestRecord
 
 MODES = ("concurrency", "rate")
@@ -59,10 +57,7 @@ def p99_e2e(records: list[RequestRecord]) -> float:
     """P99 of E2E in seconds, failed requests counted as infinitely slow."""
     if not records:
         return math.inf
-    e2e = np.array([r.e2e if r.ok and r.e2e is not None else math.inf for r in records], dtype=np.float64)
-    if np.isinf(e2e).any():  # interpolating towards inf gives nan; take an observed value instead
-        return float(np.percentile(e2e, 99, method="higher"))
-    return float(np.percentile(e2e, 99))
+    return percentile([r.e2e if r.ok and r.e2e is not None else math.inf for r in records], 99)
 
 
 def find_capacity(run_replay: Callable[[float], list[RequestRecord]], lo: float, hi: float,

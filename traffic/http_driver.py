@@ -2,7 +2,7 @@
 (the reference engine's serving/server.py, vLLM, a remote deployment), with the same records as the
 in-process driver.
 
-    records = replay_http(requests, "http://127.0.0.1:8000", "tiny", HttpReplayConfig(mode="open"), on_record)
+    records = replay_http(requests, "http://127.0.0.1:8000", "tiny", ReplayConfig(), Pacing("open"), on_record)
 
 Locust runs in a child process (`python -m traffic.locust_worker`): it monkey-patches the standard
 library for gevent, which must not touch a process running torch, and a client in its own process
@@ -13,7 +13,8 @@ they finish. Times in the records are seconds on the monotonic clock from the st
 Nothing here can hang: each request has a total deadline (`timeout_s`); a refused connection marks the
 server gone and fails the rest at once; a child silent for STALL_S (it sends heartbeats) is killed; and
 every request the child never reported becomes a counted error (ok=False, error=...), with what was
-done kept.
+done kept. The settings are the config's `replay` group (traffic/replay_config.py): `request_timeout_s`,
+`endpoint`, `max_users`, `lateness_warn_ms`, `progress`.
 """
 from __future__ import annotations
 
@@ -25,54 +26,34 @@ import subprocess
 import sys
 import tempfile
 import threading
-from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Optional, Callable
+from typing import Callable
 
 from tqdm import tqdm
 
+from traffic.metrics import lateness_warning
+from traffic.replay_config import Pacing, ReplayConfig
 from traffic.request import Request, RequestRecord
 
 log = logging.getLogger(__name__)
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
-MODES = ("open", "closed")
-ENDPOINTS = ("completions", "chat")
 STALL_S = 60.0  # the child heartbeats every 2 s; this much silence means it is stuck
 
 
-@dataclass
-class HttpReplayConfig:
-    mode: str = "open"  # open: each request at its scheduled_at; closed: `concurrency` in flight
-    concurrency: int = 4
-    endpoint: str = "completions"  # completions: exact prompt lengths (token ids); chat: text via the template
-    timeout_s: float = 600.0  # per request, from sent to the end of its stream, queueing included
-    lateness_warn_ms: float = 50.0
-    progress: bool = True
-    max_users: int = 1000  # open loop: at most this many requests waiting or in flight at once
-    api_key: Optional[str] = None  # sent as a bearer token (engine=openai against a guarded endpoint)
-
-    def __post_init__(self) -> None:
-        if self.mode not in MODES:
-            raise ValueError(f"replay mode {self.mode!r} is not one of {list(MODES)}")
-        if self.endpoint not in ENDPOINTS:
-            raise ValueError(f"replay endpoint {self.endpoint!r} is not one of {list(ENDPOINTS)}")
-        for name in ("concurrency", "max_users"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"replay {name} must be >= 1, got {getattr(self, name)}")
-        if not self.timeout_s > 0:
-            raise ValueError(f"replay timeout_s must be > 0, got {self.timeout_s}")
-
-
-def replay_http(requests: list[Request], base_url: str, model: str, cfg: HttpReplayConfig,
-                on_record: Callable[[RequestRecord], None] | None = None) -> list[RequestRecord]:
-    """Replay `requests` against `base_url` (without /v1); one record per request, in request order."""
+def replay_http(requests: list[Request], base_url: str, model: str, cfg: ReplayConfig, pacing: Pacing,
+                on_record: Callable[[RequestRecord], None] | None = None,
+                api_key: str | None = None) -> list[RequestRecord]:
+    """Replay `requests` against `base_url` (without /v1); one record per request, in request order.
+    api_key: sent as a bearer token (engine=openai against a guarded endpoint)."""
     on_record = on_record or (lambda r: None)
     records: dict[str, RequestRecord] = {}
     with tempfile.TemporaryDirectory(prefix="optladder-locust-") as tmp, \
             tqdm(total=len(requests), desc="replay (http)", unit="req", disable=not cfg.progress) as bar:
         spec = Path(tmp, "replay.json")
-        spec.write_text(json.dumps({**asdict(cfg), "base_url": base_url.rstrip("/"), "model": model,
-                                    "requests": [_as_dict(r) for r in requests]}))
+        spec.write_text(json.dumps({
+            "mode": pacing.mode, "concurrency": pacing.concurrency, "endpoint": cfg.endpoint,
+            "request_timeout_s": cfg.request_timeout_s, "max_users": cfg.max_users, "api_key": api_key,
+            "base_url": base_url.rstrip("/"), "model": model, "requests": [_as_dict(r) for r in requests]}))
         stderr_path = Path(tmp, "stderr.txt")
         with open(stderr_path, "w") as err:
             proc = subprocess.Popen([sys.executable, "-m", "traffic.locust_worker", str(spec)],
@@ -86,7 +67,7 @@ def replay_http(requests: list[Request], base_url: str, model: str, cfg: HttpRep
         why = why or _exit_reason(rc, stderr_path)
     for r in requests:  # never reported: counted errors, not silently missing
         if r.id not in records:
-            rec = RequestRecord(r.id, r.scheduled_at if cfg.mode == "open" else 0.0, r.input_len, r.output_len,
+            rec = RequestRecord(r.id, r.scheduled_at if pacing.mode == "open" else 0.0, r.input_len, r.output_len,
                                 error=f"not replayed: {why or 'the locust worker reported no record'}")
             records[r.id] = rec
             on_record(rec)
@@ -145,11 +126,10 @@ def _exit_reason(rc: int, stderr_path: Path) -> str | None:
     return f"the locust worker exited with status {rc}: {tail[-1] if tail else 'no output'}"
 
 
-def _warn(records: list[RequestRecord], cfg: HttpReplayConfig) -> None:
-    late = sorted(r.lateness for r in records if r.lateness is not None)
-    if late and late[int(0.99 * (len(late) - 1))] * 1000 > cfg.lateness_warn_ms:
-        log.warning("p99 replay lateness exceeds %.0f ms: the client, not the engine, is being measured",
-                    cfg.lateness_warn_ms)
+def _warn(records: list[RequestRecord], cfg: ReplayConfig) -> None:
+    late = lateness_warning(records, cfg.lateness_warn_ms, "client")
+    if late:
+        log.warning(late)
     short = sum(r.ok and r.output_tokens != r.requested_output_tokens for r in records)
     if short:
         log.warning("%d requests returned another number of tokens than asked for: the server may not honour "

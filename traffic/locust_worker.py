@@ -104,12 +104,12 @@ class ReplayUser(HttpUser):
         payload = completion_payload(r, spec["model"], chat)
         stream = TokenStream(chat, s.now)
         rec.sent_at = s.now()
-        timer = gevent.Timeout(spec["timeout_s"])
+        timer = gevent.Timeout(spec["request_timeout_s"])
         timer.start()
         try:
             headers = {"Authorization": f"Bearer {spec['api_key']}"} if spec.get("api_key") else None
             resp = self.client.post(path, json=payload, stream=True, name=path, headers=headers,
-                                    timeout=(CONNECT_TIMEOUT_S, spec["timeout_s"]))
+                                    timeout=(CONNECT_TIMEOUT_S, spec["request_timeout_s"]))
             if resp.error is not None or resp.status_code != 200:
                 rec.error = _http_error(resp)
                 if resp.error is not None and "refused" in str(resp.error).lower():
@@ -127,7 +127,7 @@ class ReplayUser(HttpUser):
             if t is not timer:
                 raise
             if not stream.done:  # a server that holds the stream open after [DONE] still answered in full
-                stream.error = f"timeout: no complete response within {spec['timeout_s']} s"
+                stream.error = f"timeout: no complete response within {spec['request_timeout_s']} s"
         except Exception as e:  # noqa: BLE001 - a connection cut mid-stream: the server died
             stream.error = f"stream broken after {len(stream.token_times)} tokens: {e!r}"
         finally:

@@ -40,6 +40,16 @@ class SLO:
         return True
 
 
+def percentile(values, q: float) -> float:
+    """The one percentile of the project: linear interpolation between the two nearest ranks (numpy's
+    default). Where a value is infinite (a failed request counted as infinitely slow) interpolating towards
+    it gives nan, so the next observed value at or above the rank is taken instead."""
+    a = np.asarray(values, dtype=np.float64)
+    if not a.size:
+        raise ValueError("percentile of no values")
+    return float(np.percentile(a, q, method="higher" if np.isinf(a).any() else "linear"))
+
+
 def summarize(values_s: list[float], prefix: str) -> dict[str, float]:
     """mean and percentiles of a list of seconds, reported in ms as `{prefix}_ms_{stat}`."""
     if not values_s:
@@ -47,8 +57,26 @@ def summarize(values_s: list[float], prefix: str) -> dict[str, float]:
     a = np.asarray(values_s, dtype=np.float64) * 1000.0
     out = {f"{prefix}_ms_mean": float(a.mean())}
     for name, q in PCTS.items():
-        out[f"{prefix}_ms_{name}"] = float(np.percentile(a, q))
+        out[f"{prefix}_ms_{name}"] = percentile(a, q)
     return out
+
+
+def lateness_s(records: list[RequestRecord]) -> list[float]:
+    """Lateness of every request that was sent, failed ones included: a driver that falls behind its
+    schedule is late whatever the engine then does with the request."""
+    return [r.lateness for r in records if r.lateness is not None]
+
+
+def lateness_warning(records: list[RequestRecord], warn_ms: float, who: str = "driver") -> str | None:
+    """The one lateness check of every driver: a message when p99 lateness exceeds `warn_ms`, else None."""
+    late = lateness_s(records)
+    if not late:
+        return None
+    p99_ms = percentile(late, 99) * 1000.0
+    if p99_ms <= warn_ms:
+        return None
+    return (f"p99 replay lateness {p99_ms:.0f} ms exceeds {warn_ms:.0f} ms: the {who}, not the engine, "
+            "is being measured")
 
 
 def makespan(records: list[RequestRecord]) -> float:
@@ -72,7 +100,7 @@ def compute_metrics(records: list[RequestRecord], slo: SLO | None = None) -> dic
     m.update(summarize([r.tpot for r in ok if r.tpot is not None], "perf/tpot"))
     m.update(summarize([g for r in ok for g in r.itls], "perf/itl"))
     m.update(summarize([r.e2e for r in ok if r.e2e is not None], "perf/e2e"))
-    late = summarize([r.lateness for r in records if r.lateness is not None], "perf/lateness")
+    late = summarize(lateness_s(records), "perf/lateness")
     m.update({k: v for k, v in late.items() if k.endswith(("_p50", "_p99"))})
     span = makespan(ok)
     if span > 0:

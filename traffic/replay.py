@@ -12,11 +12,12 @@ import queue
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass
 from typing import Callable, Protocol
 
 from tqdm import tqdm
 
+from traffic.metrics import lateness_warning
+from traffic.replay_config import Pacing, ReplayConfig
 from traffic.request import Request, RequestRecord
 
 log = logging.getLogger(__name__)
@@ -31,20 +32,6 @@ class StepEngine(Protocol):
     def next_deadline(self) -> float | None: ...
 
 
-@dataclass
-class ReplayConfig:
-    mode: str = "open"  # open: at scheduled_at; closed: `concurrency` requests in flight
-    concurrency: int = 4
-    lateness_warn_ms: float = 50.0
-    progress: bool = True
-
-    def __post_init__(self) -> None:
-        if self.mode not in ("open", "closed"):
-            raise ValueError(f"replay mode {self.mode!r} is not one of ['open', 'closed']")
-        if self.concurrency < 1:
-            raise ValueError(f"replay concurrency must be >= 1, got {self.concurrency}")
-
-
 class InProcessDriver:
     def __init__(self, engine: StepEngine, make_params: Callable[[Request], object],
                  on_record: Callable[[RequestRecord], None] | None = None):
@@ -52,18 +39,18 @@ class InProcessDriver:
         self.make_params = make_params
         self.on_record = on_record or (lambda r: None)
 
-    def replay(self, requests: list[Request], cfg: ReplayConfig) -> list[RequestRecord]:
+    def replay(self, requests: list[Request], cfg: ReplayConfig, pacing: Pacing) -> list[RequestRecord]:
         self.t0 = time.monotonic()
-        self.records = {r.id: RequestRecord(r.id, r.scheduled_at if cfg.mode == "open" else 0.0,
+        self.records = {r.id: RequestRecord(r.id, r.scheduled_at if pacing.mode == "open" else 0.0,
                                             r.input_len, r.output_len) for r in requests}
         self.inbox: queue.Queue = queue.Queue()
         self.bar = tqdm(total=len(requests), desc="replay", unit="req", disable=not cfg.progress)
         self._pending = deque(requests)
-        self._closed, self._stop = cfg.mode == "closed", False
-        if cfg.mode == "open":
+        self._closed, self._stop = pacing.mode == "closed", False
+        if pacing.mode == "open":
             threading.Thread(target=self._send_open_loop, args=(list(requests),), daemon=True).start()
         else:
-            for _ in range(min(cfg.concurrency, len(requests))):
+            for _ in range(min(pacing.concurrency, len(requests))):
                 self._send_now(self._pending.popleft())
         try:
             self._loop(len(requests))
@@ -74,10 +61,9 @@ class InProcessDriver:
             self.bar.close()
             self._stop = True
         out = [self.records[r.id] for r in requests]
-        late = sorted(r.lateness for r in out if r.lateness is not None)
-        if late and late[int(0.99 * (len(late) - 1))] * 1000 > cfg.lateness_warn_ms:
-            log.warning("p99 replay lateness exceeds %.0f ms: the driver, not the engine, is being measured",
-                        cfg.lateness_warn_ms)
+        warning = lateness_warning(out, cfg.lateness_warn_ms, "driver")
+        if warning:
+            log.warning(warning)
         return out
 
     # --- sending ---

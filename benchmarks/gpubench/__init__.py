@@ -1,0 +1,1 @@
+"""benchmarks/gpu_bench.py's sections, one module per concern (see that script)."""

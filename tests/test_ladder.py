@@ -1,0 +1,159 @@
+"""The ladder: its rung logic with a stub arm runner and the real gates, then a real tiny run through run.py."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import mlflow
+import numpy as np
+from mlflow.tracking import MlflowClient
+from omegaconf import OmegaConf
+
+from abtest.gates import GateConfig
+from abtest.ladder import keeps, ladder_table, rung_opts
+from engine.opts import OPTS
+from experiments.ab_run import Arm, gate_pair
+from experiments.experiment import ExperimentResult
+from experiments.ladder_run import climb
+from traffic.request import RequestRecord
+
+ROOT = Path(__file__).resolve().parents[1]
+N = 40  # requests and prompts per stub run: enough pairs for the bootstrap gates to decide
+
+
+def stub_result(opts: list[str], effects: dict[str, str]) -> ExperimentResult:
+    """What an arm with `opts` on would measure: the baseline's outputs and latencies, changed by the opts'
+    effects ('rewrites': different text on a quarter of the prompts; 'slower': E2E x1.5; 'faster': x0.8;
+    'unscored': BLEU against the references not measured, which no gate may pass)."""
+    rng = np.random.default_rng(0)
+    e2e = rng.uniform(1.0, 2.0, N)
+    outputs = [f"the answer to question number {i} is a sentence long enough to score" for i in range(N)]
+    for opt in opts:
+        effect = effects.get(opt, "faster")
+        e2e = e2e * {"slower": 1.5, "faster": 0.8}.get(effect, 1.0)
+        if effect == "rewrites":
+            outputs = [o + " reworded" if i % 4 == 0 else o for i, o in enumerate(outputs)]
+    records = [RequestRecord(f"r{i}", 0.0, 10, 4, sent_at=0.0, first_token_at=t / 4, finished_at=t, output_tokens=4,
+                             ok=True) for i, t in enumerate(e2e)]
+    per_prompt = {m: [0.5] * N for m in ("quality/bleu_vs_ref", "quality/rouge1_vs_ref", "quality/rouge2_vs_ref",
+                                         "quality/rougeL_vs_ref")}
+    if any(effects.get(o) == "unscored" for o in opts):
+        del per_prompt["quality/bleu_vs_ref"]
+    metrics = {"perf/e2e_ms_p99": float(np.percentile(e2e, 99) * 1000), "perf/ttft_ms_p50": 100.0,
+               **{m: 0.5 for m in per_prompt}}
+    return ExperimentResult(f"run-{'+'.join(opts) or 'base'}", Path("."), metrics, records, outputs, per_prompt,
+                            "same-requests", "same-prompts", {}, opts)
+
+
+def stub_climb(rungs: list[str], effects: dict[str, str], keep_inconclusive: bool = True):
+    ran: list[tuple[str, list[str]]] = []
+    judged: list[tuple[str, str]] = []
+
+    def run_rung(name: str, opts: list[str]) -> Arm:
+        ran.append((name, opts))
+        cfg = OmegaConf.create({"engine": {o: o in opts for o in OPTS}})
+        return Arm(name, [], cfg, [stub_result(opts, effects)])
+
+    def judge(prev: Arm, cand: Arm):
+        judged.append((prev.name, cand.name))
+        return gate_pair(prev, cand, GateConfig(n_boot=300))[:2]
+
+    rows, accepted = climb(rungs, keep_inconclusive, run_rung, judge)
+    return rows, accepted, ran, judged
+
+
+def test_a_failing_rung_is_left_out_and_later_rungs_are_judged_against_the_last_kept_one():
+    rows, accepted, ran, judged = stub_climb(["paged_kv", "flash_attn", "dynamic_batching", "batched_decode"],
+                                             {"flash_attn": "rewrites", "dynamic_batching": "slower"})
+    assert [r["status"] for r in rows] == ["baseline", "pass", "fail", "fail", "pass"]
+    assert ran == [("rung0-baseline", []), ("rung1-paged_kv", ["paged_kv"]),
+                   ("rung2-flash_attn", ["paged_kv", "flash_attn"]),
+                   ("rung3-dynamic_batching", ["paged_kv", "dynamic_batching"]),  # flash_attn left out
+                   ("rung4-batched_decode", ["paged_kv", "batched_decode"])]
+    assert judged == [("rung0-baseline", "rung1-paged_kv"), ("rung1-paged_kv", "rung2-flash_attn"),
+                      ("rung1-paged_kv", "rung3-dynamic_batching"), ("rung1-paged_kv", "rung4-batched_decode")]
+    assert [r["accepted_rung"] for r in rows] == [0, 1, 1, 1, 4]
+    assert accepted == ["paged_kv", "batched_decode"]
+    why = {g["gate"] for g in rows[2]["verdict"]["gates"] if g["status"] == "fail"}
+    assert "exact_match" in why  # the rewriting opt fails on the control's exact outputs
+    assert {g["gate"] for g in rows[3]["verdict"]["gates"] if g["status"] == "fail"} == {"latency_max_regression"}
+
+
+def test_an_undecided_rung_is_kept_only_when_the_ladder_says_so():
+    for keep, want in ((True, ["flash_attn", "batched_decode"]), (False, ["batched_decode"])):
+        rows, accepted, ran, _ = stub_climb(["flash_attn", "batched_decode"], {"flash_attn": "unscored"}, keep)
+        assert rows[1]["status"] == "inconclusive" and rows[1]["kept"] is keep
+        assert ran[2][1] == want and accepted == want
+
+
+def test_ladder_through_run_py_on_the_tiny_model(tmp_path):
+    """The real thing, small: the baseline and one rung, real runs gated, with its files and MLflow runs."""
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    out = tmp_path / "ladder"
+    args = ["+ladder=seed", "ladder.rungs=[batched_decode]", "model=tiny", "workload.num_requests=6",
+            "workload.rate=20", "workload.input_len_range=[8,32]", "workload.output_len_range=[2,8]", "quality.num_prompts=2", "quality.max_new_tokens=8", "replay.progress=false",
+            "engine.kv_cache_gb=0.05", "engine.max_model_len=1024", "tracking.system_metrics=false",
+            f"tracking.uri={uri}", f"hydra.run.dir={out}"]
+    env = {**os.environ, "OPTLADDER_CACHE": os.environ.get("OPTLADDER_CACHE", str(ROOT / ".cache"))}
+    p = subprocess.run([sys.executable, "run.py", *args], cwd=ROOT, env=env, capture_output=True, text=True,
+                       timeout=900)
+    assert p.returncode == 0, p.stderr[-3000:]
+    ladder = json.loads((out / "ladder.json").read_text())
+    rows = ladder["rungs"]
+    assert [(r["rung"], r["opt"], r["opts"]) for r in rows] == [(0, None, []),
+                                                               (1, "batched_decode", ["batched_decode"])]
+    assert ladder["accepted"] == (["batched_decode"] if rows[1]["kept"] else [])  # 6 requests: may be undecided
+    exact = [g for g in rows[1]["verdict"]["gates"] if g["gate"] == "exact_match"]
+    assert exact and exact[0]["status"] == "pass"  # a lossless rung: the baseline's exact greedy text
+    assert (out / "ladder.md").read_text().startswith("| metric | baseline |")
+    assert (out / "ladder.png").stat().st_size > 0
+    mlflow.set_tracking_uri(uri)
+    client = MlflowClient()
+    runs = client.search_runs([client.get_experiment_by_name("optladder").experiment_id])
+    parents = [r for r in runs if "mlflow.parentRunId" not in r.data.tags]
+    children = [r for r in runs if "mlflow.parentRunId" in r.data.tags]
+    assert len(parents) == 1 and parents[0].data.tags["optladder.kind"] == "ladder"
+    assert {c.info.run_id for c in children} == {r["run_id"] for r in rows}
+    assert {a.path for a in client.list_artifacts(parents[0].info.run_id)} >= {"ladder.json", "ladder.md",
+                                                                              "ladder.png"}
+
+
+def test_ladder_table_compares_the_baseline_with_the_last_accepted_rung():
+    base = {"perf/ttft_ms_p50": 1444.0, "perf/tpot_ms_p50": 61.54, "perf/e2e_ms_p99": 25459.0,
+            "perf/throughput_out_tok_s": 41.29, "capacity/max_concurrency": 10000.0, "perf/peak_mem_gb": 2.146,
+            "perf/kv_reserved_gb": 0.7031, "perf/kv_util": 0.0}
+    kept = {"perf/ttft_ms_p50": 1377.0, "perf/tpot_ms_p50": 58.55, "perf/e2e_ms_p99": 12345.6,
+            "capacity/max_concurrency": 9999.0, "perf/peak_mem_gb": 2.207, "perf/kv_util": 0.9,
+            "quality/exact_match_vs_control": 1.0, "quality/bleu_vs_control": 100.0, "quality/rougeL_vs_control": 1.0}
+    failed = {"perf/ttft_ms_p50": 1000.0, "quality/exact_match_vs_control": 0.5}
+    rungs = [{"rung": 0, "opt": None, "opts": [], "status": "baseline", "accepted_rung": 0, "metrics": base},
+             {"rung": 1, "opt": "paged_kv", "opts": ["paged_kv"], "status": "pass", "accepted_rung": 1, "metrics": kept},
+             {"rung": 2, "opt": "flash_attn", "opts": ["paged_kv", "flash_attn"], "status": "fail", "accepted_rung": 1,
+              "metrics": failed}]
+    assert ladder_table(rungs) == "\n".join([
+        "| metric | baseline | all on (paged_kv) | change |",
+        "|---|---|---|---|",
+        "| TTFT p50 (ms) | 1444 | 1377 | -4.6% |",
+        "| TPOT p50 (ms) | 61.54 | 58.55 | -4.9% |",
+        "| E2E p99 (ms) | 25,459 | 12,346 | -51.5% |",
+        "| throughput (out tok/s) | 41.29 | - | - |",
+        "| capacity at P99 ≤ SLO (concurrency) | 10,000 | 9999 | -0.0% |",
+        "| peak memory (GiB) | 2.146 | 2.207 | +2.8% |",
+        "| KV reserved (GiB) | 0.7031 | - | - |",
+        "| KV utilization | 0 | 0.9 | - |",  # no change relative to 0
+        "| BLEU / ROUGE-L Δ vs control (last accepted rung) | - | 100 / 1 | - |",
+        "",
+        "| rung | opt added | verdict | TTFT p50 | TPOT p50 | E2E p99 | peak mem GiB | exact match vs prev |",
+        "|---|---|---|---|---|---|---|---|",
+        "| 0 | baseline | baseline | 1444 | 61.54 | 25,459 | 2.146 | - |",
+        "| 1 | paged_kv | pass | 1377 | 58.55 | 12,346 | 2.207 | 1 |",
+        "| 2 | flash_attn | fail | 1000 | - | - | - | 0.5 |"])
+    only_base = ladder_table(rungs[:1]).splitlines()
+    assert only_base[0] == "| metric | baseline | all on (none) | change |" and only_base[2].endswith("| +0.0% |")
+
+
+def test_rung_opts_and_what_keeps_a_rung():
+    assert rung_opts(["paged_kv"], "flash_attn") == ["paged_kv", "flash_attn"]
+    assert [keeps(s, True) for s in ("pass", "inconclusive", "fail")] == [True, True, False]
+    assert [keeps(s, False) for s in ("pass", "inconclusive", "fail")] == [True, False, False]

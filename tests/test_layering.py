@@ -1,0 +1,212 @@
+"""The import structure drawn from the code itself (ast over every .py of the packages), checked against
+DESIGN.md's floors: run.py -> experiments -> abtest / backends / traffic / quality -> serving -> engine.
+
+An import may go down or sideways to another package of its own floor, never up; no two modules and no two
+packages import each other, directly or round a longer loop (an import inside a function counts too); Hydra
+and OmegaConf stay in run.py and experiments/. The checker is tested on planted mistakes first, so a clean
+result on the real tree means something."""
+from __future__ import annotations
+
+import ast
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+FLOORS = {"run": 5, "experiments": 4, "abtest": 3, "backends": 3, "traffic": 3, "quality": 3, "serving": 2,
+          "engine": 1}
+HYDRA = ("hydra", "omegaconf")
+HYDRA_ALLOWED = ("run", "experiments")
+
+
+def module_files(root: Path) -> dict[str, Path]:
+    """Dotted module name -> file, for run.py and every .py under the floors' packages."""
+    out = {"run": root / "run.py"} if (root / "run.py").exists() else {}
+    for pkg in FLOORS:
+        for f in sorted((root / pkg).rglob("*.py")) if (root / pkg).is_dir() else []:
+            parts = f.relative_to(root).with_suffix("").parts
+            out[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = f
+    return out
+
+
+def imported_names(mod: str, path: Path, modules: set[str]) -> set[str]:
+    """Every module an import statement in the file names, relative imports resolved; `from pkg import
+    name` names pkg.name where that is a module, else pkg."""
+    package = mod if path.name == "__init__.py" else mod.rpartition(".")[0]
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            names.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[:len(package.split(".")) - node.level + 1]
+                base = ".".join([*anchor, *([node.module] if node.module else [])])
+            names.update(f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base for a in node.names)
+    return names
+
+
+def import_graph(root: Path) -> dict[str, set[str]]:
+    """Module -> the project modules (and hydra/omegaconf) it imports."""
+    files = module_files(root)
+    graph: dict[str, set[str]] = {}
+    for mod, path in files.items():
+        deps = set()
+        for name in imported_names(mod, path, set(files)):
+            if name.split(".")[0] in HYDRA:
+                deps.add(name.split(".")[0])
+            elif name in files and name != mod:
+                deps.add(name)
+        graph[mod] = deps
+    return graph
+
+
+def top(mod: str) -> str:
+    return mod.split(".")[0]
+
+
+def upward_imports(graph: dict[str, set[str]]) -> list[str]:
+    return sorted(f"{m} -> {d}" for m, deps in graph.items() for d in deps
+                  if d in graph and FLOORS[top(d)] > FLOORS[top(m)])
+
+
+def hydra_imports(graph: dict[str, set[str]]) -> list[str]:
+    return sorted(f"{m} -> {d}" for m, deps in graph.items() for d in deps
+                  if d in HYDRA and top(m) not in HYDRA_ALLOWED)
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components with more than one node (Tarjan), each sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    out: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in graph.get(v, ()):
+            if w not in graph:
+                continue
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def package_graph(graph: dict[str, set[str]]) -> dict[str, set[str]]:
+    pkgs: dict[str, set[str]] = {top(m): set() for m in graph}
+    for m, deps in graph.items():
+        pkgs[top(m)].update(top(d) for d in deps if d in graph and top(d) != top(m))
+    return pkgs
+
+
+# --- the checker catches planted mistakes ---
+
+def plant(root: Path, files: dict[str, str]) -> Path:
+    for rel, text in files.items():
+        p = root / rel
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text(text)
+    return root
+
+
+def test_checker_finds_an_upward_import_inside_a_function(tmp_path):
+    root = plant(tmp_path, {"engine/__init__.py": "", "engine/core.py": "def f():\n    from experiments import x\n",
+                            "experiments/__init__.py": "", "experiments/x.py": "import engine.core\n"})
+    graph = import_graph(root)
+    assert upward_imports(graph) == ["engine.core -> experiments.x"]
+    assert cycles(graph) == [["engine.core", "experiments.x"]]
+
+
+def test_checker_finds_a_lateral_circle_and_a_relative_one(tmp_path):
+    root = plant(tmp_path, {"abtest/__init__.py": "", "abtest/a.py": "from traffic.b import y\n",
+                            "traffic/__init__.py": "", "traffic/b.py": "from abtest import a\n",
+                            "quality/__init__.py": "", "quality/p.py": "from . import q\n",
+                            "quality/q.py": "from .p import z\n"})
+    graph = import_graph(root)
+    assert upward_imports(graph) == []  # same floor: sideways is allowed, a loop is not
+    assert cycles(graph) == [["abtest.a", "traffic.b"], ["quality.p", "quality.q"]]
+    assert cycles(package_graph(graph)) == [["abtest", "traffic"]]
+
+
+def test_checker_finds_hydra_below_experiments(tmp_path):
+    root = plant(tmp_path, {"abtest/__init__.py": "", "abtest/g.py": "from omegaconf import DictConfig\n",
+                            "experiments/__init__.py": "", "experiments/e.py": "import hydra\n"})
+    assert hydra_imports(import_graph(root)) == ["abtest.g -> omegaconf"]
+
+
+def test_checker_finds_one_bad_import_planted_in_a_copy_of_the_tree(tmp_path):
+    import shutil
+
+    for pkg in [p for p in FLOORS if p != "run"]:
+        shutil.copytree(ROOT / pkg, tmp_path / pkg, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(ROOT / "run.py", tmp_path / "run.py")
+    assert upward_imports(import_graph(tmp_path)) == []
+    opts = tmp_path / "engine" / "opts.py"
+    opts.write_text(opts.read_text() + "\n\ndef _late():\n    from experiments.schema import Config\n")
+    graph = import_graph(tmp_path)
+    assert upward_imports(graph) == ["engine.opts -> experiments.schema"]
+    assert any("engine.opts" in c for c in cycles(graph))  # experiments.schema imports engine.opts
+
+
+# --- the real tree ---
+
+@pytest.fixture(scope="module")
+def graph():
+    return import_graph(ROOT)
+
+
+def test_the_tree_is_seen(graph):
+    """A checker that saw nothing would pass everything: the known edges must be there."""
+    assert {"engine.llm_engine", "serving.server", "experiments.experiment", "run"} <= set(graph)
+    assert "engine.llm_engine" in graph["serving.server"]
+    assert "experiments.schema" in graph["run"]
+
+
+def test_no_import_runs_back_up_the_floors(graph):
+    assert upward_imports(graph) == []
+
+
+def test_no_circles_between_modules_or_packages(graph):
+    assert cycles(graph) == []
+    assert cycles(package_graph(graph)) == []
+
+
+def test_hydra_only_at_the_top(graph):
+    assert hydra_imports(graph) == []
+
+
+def test_engine_imports_only_itself(graph):
+    foreign = {d for m, deps in graph.items() if top(m) == "engine" for d in deps if top(d) != "engine"}
+    assert foreign == set()
+
+
+def test_the_readme_layout_names_every_folder_and_conf_group():
+    readme = (ROOT / "README.md").read_text()
+    block = readme.split("## Layout", 1)[1].split("```")[1]
+    named = {line.split()[0].rstrip("/") for line in block.splitlines() if line and not line.startswith(" ")}
+    tracked = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True).stdout.split()
+    if not tracked:
+        pytest.skip("not a git checkout: which folders belong to the project is git's to say")
+    folders = {f.split("/")[0] for f in tracked if "/" in f and not f.startswith(".")}
+    assert named == folders | {"run.py"}
+    groups = {p.name for p in (ROOT / "conf").iterdir() if p.is_dir()}
+    conf_lines = " ".join(line for line in block.splitlines() if line.startswith("  "))
+    assert {g for g in groups if f"{g}/" not in conf_lines} == set()
