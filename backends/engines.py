@@ -47,7 +47,7 @@ class ReferenceBackend:
         self.max_model_len = engine_cfg.max_model_len
         # locust: the same engine behind serving/server.py, replayed over HTTP from another process
         self.driver, self.request_timeout_s = driver, request_timeout_s
-        self.model_name, self.host = model_cfg.name, engine_cfg.server.host
+        self.model_name, self.host, self.api_key = model_cfg.name, engine_cfg.server.host, engine_cfg.server.api_key
 
     @staticmethod
     def _replay_params(r: Request) -> SamplingParams:
@@ -70,8 +70,8 @@ class ReferenceBackend:
         from traffic.http_driver import HttpReplayConfig, replay_http
 
         hcfg = HttpReplayConfig(mode=cfg.mode, concurrency=cfg.concurrency, timeout_s=self.request_timeout_s,
-                                lateness_warn_ms=cfg.lateness_warn_ms, progress=cfg.progress)
-        with serve(self.engine, self.host, 0, model_name=self.model_name) as server:  # 0: any free port
+                                lateness_warn_ms=cfg.lateness_warn_ms, progress=cfg.progress, api_key=self.api_key)
+        with serve(self.engine, self.host, 0, model_name=self.model_name, api_key=self.api_key) as server:
             return replay_http(requests, server.url, server.model, hcfg, on_record)
 
     def generate(self, prompts, max_new_tokens, progress=True):

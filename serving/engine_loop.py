@@ -1,18 +1,22 @@
 """The engine on its own thread, fed by many: what an HTTP server (serving/server.py) puts in front of
 `LLMEngine`, which is single-threaded by design.
 
-One thread owns the engine and is the only one to call `add_request` and `step`, exactly as the
-in-process replay driver does; other threads `submit` through a thread-safe inbox and read their
-request's TokenEvents from a queue of its own. When the loop ends (shutdown, or the engine raised),
-every request not yet finished gets an `EngineDead` instead of hanging, and later submits are refused.
+One thread owns the engine and is the only one to call `add_request`, `abort_request` and `step`, exactly
+as the in-process replay driver does; other threads (or an event loop) `submit` through a thread-safe
+inbox and get their request's TokenEvents through an outbox of their own (anything with `put`: a
+`queue.Queue` for a thread, `AsyncOutbox` for asyncio). `abort` drops a request whose client left, so its
+KV blocks go back to the pool at once. When the loop ends (shutdown, or the engine raised), every request
+not yet finished gets an `EngineDead` instead of hanging, and later submits are refused.
 """
 from __future__ import annotations
 
+import asyncio
 import logging
 import queue
 import threading
 import time
-from typing import TYPE_CHECKING, Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
     from engine.llm_engine import LLMEngine
@@ -25,46 +29,54 @@ class EngineDead(RuntimeError):
     """The engine thread is gone: the request cannot finish."""
 
 
+class Outbox(Protocol):
+    """Where a request's TokenEvents go, then a ValueError (refused) or EngineDead instead, if any."""
+
+    def put(self, item) -> None: ...
+
+
+@dataclass
+class _Submit:
+    request_id: str
+    prompt_token_ids: list[int]
+    params: object
+    arrival: float
+    out: Outbox
+
+
+@dataclass
+class _Abort:
+    request_id: str
+
+
 class EngineLoop:
     def __init__(self, engine: "LLMEngine"):
         self.engine = engine
         self.dead: str | None = None  # why the loop ended, once it has
+        self.aborted = 0  # requests dropped because their client left
         self._inbox: queue.Queue = queue.Queue()
-        self._streams: dict[str, queue.Queue] = {}
+        self._streams: dict[str, Outbox] = {}
         self._lock = threading.Lock()  # orders submit against the loop's end: nothing lands unanswered
         self._stop = threading.Event()
         self.thread = threading.Thread(target=self._run, name="engine-loop", daemon=True)
         self.thread.start()
 
-    def submit(self, request_id: str, prompt_token_ids: list[int], params) -> Iterator:
-        """Queue a request; iterate the result for its TokenEvents, in order, up to the finished one.
-        Iterating raises ValueError if the engine refused the request, EngineDead if the loop ended."""
-        out: queue.Queue = queue.Queue()
+    def submit(self, request_id: str, prompt_token_ids: list[int], params, out: Outbox) -> None:
+        """Queue a request; its TokenEvents go to `out` in order, up to the finished one. Raises EngineDead
+        if the loop has ended; a refusal by the engine (too long) arrives in `out` as a ValueError."""
         with self._lock:
             if self.dead is not None:
                 raise EngineDead(self.dead)
-            self._inbox.put((request_id, prompt_token_ids, params, time.monotonic(), out))
-        return self._events(out)
+            self._inbox.put(_Submit(request_id, prompt_token_ids, params, time.monotonic(), out))
+
+    def abort(self, request_id: str) -> None:
+        """The client left: stop generating for it and free its KV blocks (a no-op once it finished)."""
+        self._inbox.put(_Abort(request_id))
 
     def stop(self, timeout: float = 10.0) -> None:
         self._stop.set()
         self._inbox.put(_STOP)  # wakes a loop blocked on an empty inbox
         self.thread.join(timeout)
-
-    # --- the reading side ---
-    def _events(self, out: queue.Queue) -> Iterator:
-        while True:
-            try:
-                item = out.get(timeout=5.0)
-            except queue.Empty:  # belt and braces: a dead loop always answers, but never wait on one
-                if self.dead is not None and not self.thread.is_alive() and out.empty():
-                    raise EngineDead(self.dead) from None
-                continue
-            if isinstance(item, BaseException):
-                raise item
-            yield item
-            if item.finished:
-                return
 
     # --- the engine thread ---
     def _run(self) -> None:
@@ -93,12 +105,17 @@ class EngineLoop:
         except queue.Empty:
             return
         while item is not _STOP:
-            request_id, prompt, params, arrival, out = item
-            try:
-                self.engine.add_request(request_id, prompt, params, arrival_time=arrival)
-                self._streams[request_id] = out
-            except ValueError as e:  # refused (too long): the client gets it, the loop goes on
-                out.put(e)
+            if isinstance(item, _Abort):
+                if self._streams.pop(item.request_id, None) is not None:
+                    self.engine.abort_request(item.request_id)
+                    self.aborted += 1
+            else:
+                try:
+                    self.engine.add_request(item.request_id, item.prompt_token_ids, item.params,
+                                            arrival_time=item.arrival)
+                    self._streams[item.request_id] = item.out
+                except ValueError as e:  # refused (too long): the client gets it, the loop goes on
+                    item.out.put(e)
             try:
                 item = self._inbox.get_nowait()
             except queue.Empty:
@@ -120,8 +137,58 @@ class EngineLoop:
                 item = self._inbox.get_nowait()
             except queue.Empty:
                 break
-            if item is not _STOP:
-                item[-1].put(EngineDead(why))
+            if isinstance(item, _Submit):
+                item.out.put(EngineDead(why))
         for out in self._streams.values():
             out.put(EngineDead(why))
         self._streams.clear()
+
+
+class AsyncOutbox:
+    """Token events from the engine thread into asyncio queues, with one event-loop wake-up per engine
+    step however many streams it fed (a wake-up per token would cost a self-pipe write each, hundreds per
+    step at a few hundred open streams)."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop):
+        self.loop = loop
+        self._pending: list[tuple[asyncio.Queue, object]] = []
+        self._lock = threading.Lock()
+        self._scheduled = False
+
+    def channel(self) -> "AsyncChannel":
+        return AsyncChannel(self, asyncio.Queue())
+
+    def put(self, q: asyncio.Queue, item) -> None:  # the engine thread
+        with self._lock:
+            self._pending.append((q, item))
+            if self._scheduled:
+                return
+            self._scheduled = True
+        try:
+            self.loop.call_soon_threadsafe(self._flush)
+        except RuntimeError:  # the event loop is closed: the server is gone, nobody is reading
+            pass
+
+    def _flush(self) -> None:  # the event loop
+        with self._lock:
+            items, self._pending, self._scheduled = self._pending, [], False
+        for q, item in items:
+            q.put_nowait(item)
+
+
+@dataclass
+class AsyncChannel:
+    """One request's outbox (for the engine thread) and its async reading side (for the server)."""
+
+    outbox: AsyncOutbox
+    queue: asyncio.Queue
+
+    def put(self, item) -> None:
+        self.outbox.put(self.queue, item)
+
+    async def get(self):
+        """The next TokenEvent; raises the ValueError or EngineDead the engine thread sent instead."""
+        item = await self.queue.get()
+        if isinstance(item, BaseException):
+            raise item
+        return item

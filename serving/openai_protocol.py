@@ -6,6 +6,7 @@ be a list of token ids, the only way a replay can send a prompt of an exact leng
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from engine.sequence import SamplingParams
@@ -81,6 +82,8 @@ def _completion(body: dict, ids: list[int], max_model_len: int, default_max_toke
     if not ids:
         raise BadRequest("the prompt is empty")
     max_tokens = _number(body, "max_tokens", default_max_tokens, int)
+    if max_tokens < 1 and len(ids) < max_model_len:  # a chat prompt that fills the context: said below
+        raise BadRequest(f"max_tokens must be >= 1, got {max_tokens}")
     total = len(ids) + max(max_tokens, 1)
     if total > max_model_len:
         raise BadRequest(f"This model's maximum context length is {max_model_len} tokens. However, you "
@@ -111,7 +114,8 @@ def _number(body: dict, key: str, default, kind: type):
     v = body.get(key)
     if v is None:
         return default
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or (kind is int and v != int(v)):
+    # JSON allows 1e999 (inf) and NaN here: refused, not a 500 from int(inf)
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or (kind is int and v != int(v)):
         raise BadRequest(f"{key} must be {'an integer' if kind is int else 'a number'}, got {v!r}")
     return kind(v)
 

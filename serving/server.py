@@ -5,53 +5,63 @@ client sees it (HTTP, streaming, a load generator in another process) and compar
     ... POST {handle.url}/v1/completions ...
     handle.shutdown()
 
-Stdlib only: a ThreadingHTTPServer (a thread per connection) in front of one engine thread
-(`serving.engine_loop.EngineLoop`), the only thread that touches the engine.
-Endpoints: GET /health, GET /v1/models, POST /v1/completions, POST /v1/chat/completions.
-Accepted as vLLM accepts them: `prompt` as text or as a list of token ids (so a replayed prompt keeps its
-exact length), `max_tokens`, `temperature`, `top_p`, `top_k`, `seed`, `ignore_eos`, `min_tokens`, `stream`
-with `stream_options.include_usage`. Streams are SSE (`data: {...}` then `data: [DONE]`) in chunked
-transfer encoding, one chunk per generated token, flushed at once (TCP_NODELAY), so a client can time
-every token. Fields that would change the output and that the engine cannot honour (n > 1, stop, logprobs,
-echo, min_tokens below max_tokens without ignore_eos) are refused with HTTP 400, never silently ignored;
-so is a prompt that does not fit max_model_len.
+The stack vLLM's own server uses: an ASGI app (Starlette) under uvicorn, one event loop for every
+connection, in front of one engine thread (`serving.engine_loop.EngineLoop`), the only thread that touches
+the engine. It replaced a stdlib ThreadingHTTPServer after a side-by-side measurement at a few hundred open
+streams (benchmarks/http_overhead.py; README). Endpoints: GET /health, GET /v1/models, POST /v1/completions,
+POST /v1/chat/completions; the wire format is serving/openai_protocol.py's.
+
+The edge: it binds 127.0.0.1 unless told otherwise; with an API key set, every /v1 route wants
+`Authorization: Bearer <key>` (compared in constant time) and answers 401 without it; a body over
+`max_body_bytes` gets 413 before it is read in full; malformed JSON or fields, a prompt that does not fit
+max_model_len, max_tokens <= 0 or too large get 400 with the reason; an unknown model 404. A client that
+disconnects, mid-stream or while it waits, has its sequence aborted in the engine (KV blocks freed at once).
 """
 from __future__ import annotations
 
+import asyncio
+import hmac
 import json
 import logging
 import socket
-import sys
 import threading
 import time
 import uuid
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import TYPE_CHECKING
 
-from serving.engine_loop import EngineDead, EngineLoop
+import uvicorn
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from serving.body import BodyTooLarge, read_json
+from serving.engine_loop import AsyncChannel, AsyncOutbox, EngineDead, EngineLoop
 from serving.openai_protocol import BadRequest, Completion, chunk, final_response, parse_chat, parse_completion
 
 if TYPE_CHECKING:
     from engine.llm_engine import LLMEngine
 
 log = logging.getLogger(__name__)
+MAX_BODY_BYTES = 8 << 20  # a max_model_len prompt as token ids is well under 1 MiB even at 128k tokens
+BACKLOG = 2048  # a replay opens hundreds of connections at once; a full backlog drops SYNs (1 s retries)
 
 
 @dataclass
 class ServerHandle:
     url: str  # http://host:port, without /v1
     model: str
-    httpd: ThreadingHTTPServer
     loop: EngineLoop
+    tokenizer: object
+    server: uvicorn.Server
     thread: threading.Thread
 
     def shutdown(self) -> None:
-        """Stop accepting, stop the engine thread (requests in flight end with an error), free the port."""
-        self.httpd.shutdown()
-        self.httpd.server_close()
+        """Stop the engine thread (requests in flight end with an error), then the server; free the port."""
         self.loop.stop()
-        self.thread.join(timeout=10)
+        self.server.should_exit = True
+        self.thread.join(timeout=15)
 
     def __enter__(self) -> "ServerHandle":
         return self
@@ -60,179 +70,213 @@ class ServerHandle:
         self.shutdown()
 
 
-class _Server(ThreadingHTTPServer):
-    daemon_threads = True
-    allow_reuse_address = True
-    # a replay opens hundreds of connections at once; the default backlog of 5 drops SYNs, and the
-    # client's SYN retry (1 s) would show up as latency the engine never caused
-    request_queue_size = 1024
-    loop: EngineLoop
-    model: str
-    tokenizer: object
-    max_model_len: int
-    vocab_size: int
-    tokenize_lock: threading.Lock
-
-    def handle_error(self, request, client_address) -> None:
-        # a client that hangs up (a load generator closing its connections) is routine, not a traceback
-        if isinstance(sys.exc_info()[1], (ConnectionResetError, BrokenPipeError)):
-            log.debug("client %s hung up", client_address)
-        else:
-            log.exception("error serving %s", client_address)
-
-
-def serve(engine: "LLMEngine", host: str = "127.0.0.1", port: int = 0, model_name: str = "reference") -> ServerHandle:
+def serve(engine: "LLMEngine", host: str = "127.0.0.1", port: int = 0, model_name: str = "reference",
+          api_key: str | None = None, max_body_bytes: int = MAX_BODY_BYTES) -> ServerHandle:
     """Serve `engine` (an LLMEngine nobody else steps meanwhile) until `.shutdown()`. port 0: a free one."""
-    httpd = _Server((host, port), _Handler)
-    httpd.loop = EngineLoop(engine)
-    httpd.model = model_name
-    httpd.tokenizer = engine.tokenizer
-    httpd.max_model_len = engine.cfg.max_model_len
-    httpd.vocab_size = engine.model.shape.vocab_size
-    httpd.tokenize_lock = threading.Lock()
-    thread = threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.1},
-                              name="http-server", daemon=True)
+    loop = EngineLoop(engine)
+    api = OpenAIApi(loop, model_name, engine.tokenizer, engine.cfg.max_model_len,
+                    engine.model.shape.vocab_size, api_key, max_body_bytes)
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    config = uvicorn.Config(api.app(), log_level="warning", access_log=False, lifespan="off",
+                            backlog=BACKLOG, timeout_graceful_shutdown=5)
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name="http-server", daemon=True)
     thread.start()
-    bound_host, bound_port = httpd.server_address[:2]
+    deadline = time.monotonic() + 30
+    while not server.started:
+        if not thread.is_alive() or time.monotonic() > deadline:
+            loop.stop()
+            raise RuntimeError(f"the HTTP server did not start on {host}:{port}")
+        time.sleep(0.01)
+    bound_host, bound_port = sock.getsockname()[:2]
     log.info("serving %s at http://%s:%d", model_name, bound_host, bound_port)
-    return ServerHandle(f"http://{bound_host}:{bound_port}", model_name, httpd, httpd.loop, thread)
+    return ServerHandle(f"http://{bound_host}:{bound_port}", model_name, loop, engine.tokenizer, server, thread)
 
 
-class _Handler(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"  # keep-alive, and chunked streams whose end the client can tell apart
-    server: _Server
+class OpenAIApi:
+    """The routes; every one runs on the server's event loop, never on the engine thread."""
 
-    def setup(self) -> None:
-        super().setup()
-        self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    def __init__(self, loop: EngineLoop, model: str, tokenizer, max_model_len: int, vocab_size: int,
+                 api_key: str | None, max_body_bytes: int):
+        self.loop, self.model, self.tokenizer = loop, model, tokenizer
+        self.max_model_len, self.vocab_size = max_model_len, vocab_size
+        self.api_key = api_key.encode() if api_key else None
+        self.max_body_bytes = max_body_bytes
+        self._outbox: AsyncOutbox | None = None  # made on the event loop, at the first request
 
-    def log_message(self, fmt: str, *args) -> None:
-        log.debug("%s " + fmt, self.address_string(), *args)
+    def app(self) -> Starlette:
+        return Starlette(routes=[
+            Route("/health", self.health, methods=["GET"]),
+            Route("/v1/models", self.models, methods=["GET"]),
+            Route("/v1/completions", self.completions, methods=["POST"]),
+            Route("/v1/chat/completions", self.chat, methods=["POST"]),
+        ], exception_handlers={404: _not_found, 405: _not_allowed})
 
-    # --- routing ---
-    def do_GET(self) -> None:
-        s = self.server
-        if self.path == "/health":
-            alive = s.loop.dead is None
-            self._json(200 if alive else 503, {"status": "ok" if alive else s.loop.dead})
-        elif self.path == "/v1/models":
-            self._json(200, {"object": "list", "data": [{
-                "id": s.model, "object": "model", "created": int(time.time()), "owned_by": "optladder",
-                "max_model_len": s.max_model_len}]})
-        else:
-            self._error(404, f"no route GET {self.path}; valid: /health, /v1/models", "not_found_error")
+    # --- routes ---
+    async def health(self, request: Request) -> Response:
+        alive = self.loop.dead is None
+        return JSONResponse({"status": "ok" if alive else self.loop.dead}, status_code=200 if alive else 503)
 
-    def do_POST(self) -> None:
-        parsers = {"/v1/completions": parse_completion, "/v1/chat/completions": parse_chat}
-        try:
-            body = self._read_json()  # first, whatever the route: an unread body would garble keep-alive
-            if self.path not in parsers:
-                self._error(404, f"no route POST {self.path}; valid: {', '.join(parsers)}", "not_found_error")
-                return
-            if body.get("model") not in (None, self.server.model):
-                self._error(404, f"model {body.get('model')!r} does not exist; served: {self.server.model!r}",
-                            "not_found_error")
-                return
-            with self.server.tokenize_lock:  # one tokenizer shared by every handler thread
-                req = parsers[self.path](body, self.server.tokenizer, self.server.max_model_len,
-                                         self.server.vocab_size)
-        except BadRequest as e:
-            self._error(400, str(e))
-            return
-        self._complete(req)
+    async def models(self, request: Request) -> Response:
+        return self._denied(request) or JSONResponse({"object": "list", "data": [{
+            "id": self.model, "object": "model", "created": int(time.time()), "owned_by": "optladder",
+            "max_model_len": self.max_model_len}]})
+
+    async def completions(self, request: Request) -> Response:
+        return await self._generate(request, parse_completion)
+
+    async def chat(self, request: Request) -> Response:
+        return await self._generate(request, parse_chat)
 
     # --- a generation ---
-    def _complete(self, req: Completion) -> None:
-        rid = f"{'chatcmpl' if req.chat else 'cmpl'}-{uuid.uuid4().hex}"
+    async def _generate(self, request: Request, parse) -> Response:
+        denied = self._denied(request)
+        if denied:
+            return denied
         try:
-            events = self.server.loop.submit(rid, req.prompt_token_ids, req.params)
-            first = next(events)  # the status line waits for the first token: errors still get a status
+            body = await read_json(request, self.max_body_bytes)
+            if body.get("model") not in (None, self.model):
+                return error(404, f"model {body.get('model')!r} does not exist; served: {self.model!r}",
+                             "not_found_error")
+            req = parse(body, self.tokenizer, self.max_model_len, self.vocab_size)
+        except BodyTooLarge as e:
+            return error(413, str(e))
+        except BadRequest as e:
+            return error(400, str(e))
+        rid = f"{'chatcmpl' if req.chat else 'cmpl'}-{uuid.uuid4().hex}"
+        if self._outbox is None:
+            self._outbox = AsyncOutbox(asyncio.get_running_loop())
+        chan = self._outbox.channel()
+        try:
+            self.loop.submit(rid, req.prompt_token_ids, req.params, chan)
+            # the status line waits for the first token, so a refusal still gets a status of its own
+            first = await self._unless_gone(request, rid, chan.get())
         except EngineDead as e:
-            self._error(503, str(e), "server_error")
-            return
+            return error(503, str(e), "server_error")
         except ValueError as e:  # the engine refused it (e.g. too long for max_model_len)
-            self._error(400, str(e))
-            return
+            return error(400, str(e))
+        except ClientGone:
+            return Response(status_code=499)  # nobody reads it; uvicorn drops it
         if req.stream:
-            self._stream(rid, req, first, events)
-        else:
-            self._whole(rid, req, first, events)
+            progress = _Progress(first.finished)
+            return _AbortingStream(self._stream(rid, req, first, chan, progress),
+                                   lambda: progress.finished or self.loop.abort(rid))
+        try:
+            return await self._unless_gone(request, rid, self._whole(rid, req, first, chan))
+        except ClientGone:
+            return Response(status_code=499)
 
-    def _stream(self, rid: str, req: Completion, first, events) -> None:
-        self.send_response(200)
-        self.send_header("Content-Type", "text/event-stream")
-        self.send_header("Cache-Control", "no-cache")
-        self.send_header("Transfer-Encoding", "chunked")
-        self.end_headers()
-        model, created = self.server.model, int(time.time())
+    async def _stream(self, rid: str, req: Completion, first, chan: AsyncChannel, progress: "_Progress"):
+        """SSE: one event per token, flushed as it comes (asyncio sets TCP_NODELAY)."""
+        model, created, ev = self.model, int(time.time()), first
         try:
             if req.chat:
-                self._sse(chunk(rid, model, created, req.chat, "", None, role=True))
-            ev = first
+                yield sse(chunk(rid, model, created, req.chat, "", None, role=True))
             while True:
-                self._sse(chunk(rid, model, created, req.chat, ev.text, _finish(ev)))
+                yield sse(chunk(rid, model, created, req.chat, ev.text, finish_reason(ev)))
                 if ev.finished:
                     break
-                ev = next(events)
+                ev = await chan.get()
+                progress.finished = ev.finished
             if req.include_usage:
-                self._sse(chunk(rid, model, created, req.chat, None, None, usage=_usage(req, ev)))
-            self._write_chunk(b"data: [DONE]\n\n")
+                yield sse(chunk(rid, model, created, req.chat, None, None, usage=usage(req, ev)))
+            yield b"data: [DONE]\n\n"
         except EngineDead as e:  # the stream ends with an error event and no [DONE]
-            self._sse({"error": {"message": str(e), "type": "server_error", "code": 503}})
-            self.close_connection = True
-        except (BrokenPipeError, ConnectionResetError):  # the client left; the engine finishes the request
-            self.close_connection = True
-            return
-        self._write_chunk(b"")
+            progress.finished = True
+            yield sse({"error": {"message": str(e), "type": "server_error", "code": 503}})
 
-    def _whole(self, rid: str, req: Completion, first, events) -> None:
+    async def _whole(self, rid: str, req: Completion, first, chan: AsyncChannel) -> Response:
         text, ev = [first.text], first
         try:
             while not ev.finished:
-                ev = next(events)
+                ev = await chan.get()
                 text.append(ev.text)
         except EngineDead as e:
-            self._error(503, str(e), "server_error")
-            return
-        self._json(200, final_response(rid, self.server.model, int(time.time()), req.chat, "".join(text),
-                                       _finish(ev), _usage(req, ev)))
+            return error(503, str(e), "server_error")
+        return JSONResponse(final_response(rid, self.model, int(time.time()), req.chat, "".join(text),
+                                           finish_reason(ev), usage(req, ev)))
 
-    # --- wire ---
-    def _read_json(self) -> dict:
-        length = int(self.headers.get("Content-Length") or 0)
+    async def _unless_gone(self, request: Request, rid: str, work):
+        """Await `work` unless the client disconnects first: then abort its sequence and raise ClientGone."""
+        task = asyncio.ensure_future(work)
+        gone = asyncio.ensure_future(_disconnected(request))
         try:
-            body = json.loads(self.rfile.read(length) or b"null")
-        except json.JSONDecodeError as e:
-            raise BadRequest(f"request body is not JSON: {e}") from None
-        if not isinstance(body, dict):
-            raise BadRequest(f"request body must be a JSON object, got {type(body).__name__}")
-        return body
+            await asyncio.wait({task, gone}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            gone.cancel()
+        if not task.done():
+            task.cancel()
+            self.loop.abort(rid)
+            raise ClientGone(rid)
+        return task.result()
 
-    def _json(self, status: int, obj: dict) -> None:
-        data = json.dumps(obj).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    def _error(self, status: int, message: str, kind: str = "invalid_request_error") -> None:
-        self._json(status, {"error": {"message": message, "type": kind, "param": None, "code": status}})
-
-    def _sse(self, obj: dict) -> None:
-        self._write_chunk(b"data: " + json.dumps(obj).encode() + b"\n\n")
-
-    def _write_chunk(self, data: bytes) -> None:
-        # one write per chunk: size line, payload and CRLF leave together, not as three small segments
-        self.wfile.write(b"%X\r\n%s\r\n" % (len(data), data))
+    # --- the edge ---
+    def _denied(self, request: Request) -> Response | None:
+        if self.api_key is None:
+            return None
+        scheme, _, given = request.headers.get("authorization", "").partition(" ")
+        if scheme.lower() == "bearer" and hmac.compare_digest(given.strip().encode(), self.api_key):
+            return None
+        what = "a wrong API key" if given else "no API key"
+        return error(401, f"{what}: send the header 'Authorization: Bearer <key>'", "authentication_error")
 
 
-def _finish(ev) -> str | None:
+@dataclass
+class _Progress:
+    finished: bool  # the engine has sent the request's last event (or is dead): nothing to abort
+
+
+class _AbortingStream(StreamingResponse):
+    """An SSE response that calls `on_close` however it ends. Starlette cancels a stream whose client
+    hung up, possibly before the body iterator ever ran (so a `finally` inside it would not run)."""
+
+    def __init__(self, body, on_close):
+        super().__init__(body, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+        self.on_close = on_close
+
+    async def __call__(self, scope, receive, send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.on_close()
+
+
+class ClientGone(Exception):
+    """The client disconnected before its answer was ready."""
+
+
+async def _disconnected(request: Request) -> None:
+    """Returns once the client has hung up (the body has been read, so the next message is the end)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+async def _not_found(request: Request, exc) -> Response:
+    return error(404, f"no route {request.method} {request.url.path}; valid: GET /health, GET /v1/models, "
+                 "POST /v1/completions, POST /v1/chat/completions", "not_found_error")
+
+
+async def _not_allowed(request: Request, exc) -> Response:
+    return error(405, f"{request.method} is not allowed on {request.url.path}", "invalid_request_error")
+
+
+def error(status: int, message: str, kind: str = "invalid_request_error") -> JSONResponse:
+    return JSONResponse({"error": {"message": message, "type": kind, "param": None, "code": status}},
+                        status_code=status)
+
+
+def sse(obj: dict) -> bytes:
+    return b"data: " + json.dumps(obj).encode() + b"\n\n"
+
+
+def finish_reason(ev) -> str | None:
     if not ev.finished:
         return None
     return "stop" if ev.finish_reason == "stop" else "length"  # max_tokens and max_model_len alike
 
 
-def _usage(req: Completion, last) -> dict:
+def usage(req: Completion, last) -> dict:
     p, n = len(req.prompt_token_ids), last.num_output_tokens  # the engine's count, not the chunks'
     return {"prompt_tokens": p, "completion_tokens": n, "total_tokens": p + n}

@@ -1,0 +1,254 @@
+"""The reference engine's first HTTP server, kept only so benchmarks/http_overhead.py can measure it side by
+side with the one that replaced it (serving/server.py, Starlette under uvicorn): same endpoints, same
+wire format, same engine thread.
+
+    handle = serve(engine, "127.0.0.1", 0, model_name="tiny")   # 0: a free port
+    ... POST {handle.url}/v1/completions ...
+    handle.shutdown()
+
+Stdlib only: a ThreadingHTTPServer (a thread per connection) in front of one engine thread
+(`serving.engine_loop.EngineLoop`), the only thread that touches the engine.
+Endpoints: GET /health, GET /v1/models, POST /v1/completions, POST /v1/chat/completions.
+Accepted as vLLM accepts them: `prompt` as text or as a list of token ids (so a replayed prompt keeps its
+exact length), `max_tokens`, `temperature`, `top_p`, `top_k`, `seed`, `ignore_eos`, `min_tokens`, `stream`
+with `stream_options.include_usage`. Streams are SSE (`data: {...}` then `data: [DONE]`) in chunked
+transfer encoding, one chunk per generated token, flushed at once (TCP_NODELAY), so a client can time
+every token. Fields that would change the output and that the engine cannot honour (n > 1, stop, logprobs,
+echo, min_tokens below max_tokens without ignore_eos) are refused with HTTP 400, never silently ignored;
+so is a prompt that does not fit max_model_len.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import queue
+import socket
+import sys
+import threading
+import time
+import uuid
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import TYPE_CHECKING
+
+from serving.engine_loop import EngineDead, EngineLoop
+from serving.openai_protocol import BadRequest, Completion, chunk, final_response, parse_chat, parse_completion
+
+if TYPE_CHECKING:
+    from engine.llm_engine import LLMEngine
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class ServerHandle:
+    url: str  # http://host:port, without /v1
+    model: str
+    httpd: ThreadingHTTPServer
+    loop: EngineLoop
+    thread: threading.Thread
+
+    def shutdown(self) -> None:
+        """Stop accepting, stop the engine thread (requests in flight end with an error), free the port."""
+        self.httpd.shutdown()
+        self.httpd.server_close()
+        self.loop.stop()
+        self.thread.join(timeout=10)
+
+    def __enter__(self) -> "ServerHandle":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.shutdown()
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+    # a replay opens hundreds of connections at once; the default backlog of 5 drops SYNs, and the
+    # client's SYN retry (1 s) would show up as latency the engine never caused
+    request_queue_size = 1024
+    loop: EngineLoop
+    model: str
+    tokenizer: object
+    max_model_len: int
+    vocab_size: int
+    tokenize_lock: threading.Lock
+
+    def handle_error(self, request, client_address) -> None:
+        # a client that hangs up (a load generator closing its connections) is routine, not a traceback
+        if isinstance(sys.exc_info()[1], (ConnectionResetError, BrokenPipeError)):
+            log.debug("client %s hung up", client_address)
+        else:
+            log.exception("error serving %s", client_address)
+
+
+def serve(engine: "LLMEngine", host: str = "127.0.0.1", port: int = 0, model_name: str = "reference") -> ServerHandle:
+    """Serve `engine` (an LLMEngine nobody else steps meanwhile) until `.shutdown()`. port 0: a free one."""
+    httpd = _Server((host, port), _Handler)
+    httpd.loop = EngineLoop(engine)
+    httpd.model = model_name
+    httpd.tokenizer = engine.tokenizer
+    httpd.max_model_len = engine.cfg.max_model_len
+    httpd.vocab_size = engine.model.shape.vocab_size
+    httpd.tokenize_lock = threading.Lock()
+    thread = threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.1},
+                              name="http-server", daemon=True)
+    thread.start()
+    bound_host, bound_port = httpd.server_address[:2]
+    log.info("serving %s at http://%s:%d", model_name, bound_host, bound_port)
+    return ServerHandle(f"http://{bound_host}:{bound_port}", model_name, httpd, httpd.loop, thread)
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"  # keep-alive, and chunked streams whose end the client can tell apart
+    server: _Server
+
+    def setup(self) -> None:
+        super().setup()
+        self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+    def log_message(self, fmt: str, *args) -> None:
+        log.debug("%s " + fmt, self.address_string(), *args)
+
+    # --- routing ---
+    def do_GET(self) -> None:
+        s = self.server
+        if self.path == "/health":
+            alive = s.loop.dead is None
+            self._json(200 if alive else 503, {"status": "ok" if alive else s.loop.dead})
+        elif self.path == "/v1/models":
+            self._json(200, {"object": "list", "data": [{
+                "id": s.model, "object": "model", "created": int(time.time()), "owned_by": "optladder",
+                "max_model_len": s.max_model_len}]})
+        else:
+            self._error(404, f"no route GET {self.path}; valid: /health, /v1/models", "not_found_error")
+
+    def do_POST(self) -> None:
+        parsers = {"/v1/completions": parse_completion, "/v1/chat/completions": parse_chat}
+        try:
+            body = self._read_json()  # first, whatever the route: an unread body would garble keep-alive
+            if self.path not in parsers:
+                self._error(404, f"no route POST {self.path}; valid: {', '.join(parsers)}", "not_found_error")
+                return
+            if body.get("model") not in (None, self.server.model):
+                self._error(404, f"model {body.get('model')!r} does not exist; served: {self.server.model!r}",
+                            "not_found_error")
+                return
+            with self.server.tokenize_lock:  # one tokenizer shared by every handler thread
+                req = parsers[self.path](body, self.server.tokenizer, self.server.max_model_len,
+                                         self.server.vocab_size)
+        except BadRequest as e:
+            self._error(400, str(e))
+            return
+        self._complete(req)
+
+    # --- a generation ---
+    def _complete(self, req: Completion) -> None:
+        rid = f"{'chatcmpl' if req.chat else 'cmpl'}-{uuid.uuid4().hex}"
+        try:
+            events = _events(self.server.loop, rid, req)
+            first = next(events)  # the status line waits for the first token: errors still get a status
+        except EngineDead as e:
+            self._error(503, str(e), "server_error")
+            return
+        except ValueError as e:  # the engine refused it (e.g. too long for max_model_len)
+            self._error(400, str(e))
+            return
+        if req.stream:
+            self._stream(rid, req, first, events)
+        else:
+            self._whole(rid, req, first, events)
+
+    def _stream(self, rid: str, req: Completion, first, events) -> None:
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Cache-Control", "no-cache")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        model, created = self.server.model, int(time.time())
+        try:
+            if req.chat:
+                self._sse(chunk(rid, model, created, req.chat, "", None, role=True))
+            ev = first
+            while True:
+                self._sse(chunk(rid, model, created, req.chat, ev.text, _finish(ev)))
+                if ev.finished:
+                    break
+                ev = next(events)
+            if req.include_usage:
+                self._sse(chunk(rid, model, created, req.chat, None, None, usage=_usage(req, ev)))
+            self._write_chunk(b"data: [DONE]\n\n")
+        except EngineDead as e:  # the stream ends with an error event and no [DONE]
+            self._sse({"error": {"message": str(e), "type": "server_error", "code": 503}})
+            self.close_connection = True
+        except (BrokenPipeError, ConnectionResetError):  # the client left: its sequence is dropped
+            self.server.loop.abort(rid)
+            self.close_connection = True
+            return
+        self._write_chunk(b"")
+
+    def _whole(self, rid: str, req: Completion, first, events) -> None:
+        text, ev = [first.text], first
+        try:
+            while not ev.finished:
+                ev = next(events)
+                text.append(ev.text)
+        except EngineDead as e:
+            self._error(503, str(e), "server_error")
+            return
+        self._json(200, final_response(rid, self.server.model, int(time.time()), req.chat, "".join(text),
+                                       _finish(ev), _usage(req, ev)))
+
+    # --- wire ---
+    def _read_json(self) -> dict:
+        length = int(self.headers.get("Content-Length") or 0)
+        try:
+            body = json.loads(self.rfile.read(length) or b"null")
+        except json.JSONDecodeError as e:
+            raise BadRequest(f"request body is not JSON: {e}") from None
+        if not isinstance(body, dict):
+            raise BadRequest(f"request body must be a JSON object, got {type(body).__name__}")
+        return body
+
+    def _json(self, status: int, obj: dict) -> None:
+        data = json.dumps(obj).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def _error(self, status: int, message: str, kind: str = "invalid_request_error") -> None:
+        self._json(status, {"error": {"message": message, "type": kind, "param": None, "code": status}})
+
+    def _sse(self, obj: dict) -> None:
+        self._write_chunk(b"data: " + json.dumps(obj).encode() + b"\n\n")
+
+    def _write_chunk(self, data: bytes) -> None:
+        # one write per chunk: size line, payload and CRLF leave together, not as three small segments
+        self.wfile.write(b"%X\r\n%s\r\n" % (len(data), data))
+
+
+def _events(loop: EngineLoop, rid: str, req: Completion):
+    """The request's TokenEvents as a blocking iterator, up to the finished one."""
+    out: queue.Queue = queue.Queue()
+    loop.submit(rid, req.prompt_token_ids, req.params, out)
+    while True:
+        item = out.get()
+        if isinstance(item, BaseException):
+            raise item
+        yield item
+        if item.finished:
+            return
+
+
+def _finish(ev) -> str | None:
+    if not ev.finished:
+        return None
+    return "stop" if ev.finish_reason == "stop" else "length"  # max_tokens and max_model_len alike
+
+
+def _usage(req: Completion, last) -> dict:
+    p, n = len(req.prompt_token_ids), last.num_output_tokens  # the engine's count, not the chunks'
+    return {"prompt_tokens": p, "completion_tokens": n, "total_tokens": p + n}
