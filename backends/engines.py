@@ -8,6 +8,7 @@ from typing import Callable, Protocol
 
 from tqdm import tqdm
 
+from backends.faults import FaultConfig, FaultyEngine
 from engine.config import ENGINES, EngineConfig, ModelConfig
 from engine.sequence import SamplingParams
 from traffic.replay import InProcessDriver, ReplayConfig
@@ -36,12 +37,14 @@ class ReferenceBackend:
     name = "reference"
 
     def __init__(self, model_cfg: ModelConfig, engine_cfg: EngineConfig, driver: str = "inprocess",
-                 request_timeout_s: float = 3600.0):
+                 request_timeout_s: float = 3600.0, faults: FaultConfig | None = None):
         from engine.llm_engine import LLMEngine
 
         if driver not in DRIVERS:
             raise ValueError(f"replay.driver={driver!r} is not one of {list(DRIVERS)}")
         self.engine = LLMEngine(model_cfg, engine_cfg)
+        # what the replay steps: the engine, or the engine with test-only faults (backends/faults.py)
+        self.stepper = FaultyEngine(self.engine, faults) if faults is not None and faults.any else self.engine
         self.tokenizer = self.engine.tokenizer
         self.load_s, self.start_s = self.engine.load_s, self.engine.start_s
         self.max_model_len = engine_cfg.max_model_len
@@ -63,7 +66,7 @@ class ReferenceBackend:
     def replay(self, requests, cfg, on_record):
         if self.driver == "locust":
             return self._replay_http(requests, cfg, on_record)
-        return InProcessDriver(self.engine, self._replay_params, on_record).replay(requests, cfg)
+        return InProcessDriver(self.stepper, self._replay_params, on_record).replay(requests, cfg)
 
     def _replay_http(self, requests, cfg, on_record):
         from serving.server import serve
@@ -71,7 +74,7 @@ class ReferenceBackend:
 
         hcfg = HttpReplayConfig(mode=cfg.mode, concurrency=cfg.concurrency, timeout_s=self.request_timeout_s,
                                 lateness_warn_ms=cfg.lateness_warn_ms, progress=cfg.progress, api_key=self.api_key)
-        with serve(self.engine, self.host, 0, model_name=self.model_name, api_key=self.api_key) as server:
+        with serve(self.stepper, self.host, 0, model_name=self.model_name, api_key=self.api_key) as server:
             return replay_http(requests, server.url, server.model, hcfg, on_record)
 
     def generate(self, prompts, max_new_tokens, progress=True):
@@ -96,7 +99,7 @@ class ReferenceBackend:
         return self.engine.opts_effective()
 
     def close(self) -> None:
-        self.engine = None
+        self.engine = self.stepper = None
 
 
 class HFBackend:
@@ -215,10 +218,13 @@ class OpenAIBackend(_HttpBackend):
 
 
 def make_backend(model_cfg: ModelConfig, engine_cfg: EngineConfig, driver: str = "inprocess",
-                 request_timeout_s: float = 3600.0) -> Backend:
+                 request_timeout_s: float = 3600.0, faults: FaultConfig | None = None) -> Backend:
     name = engine_cfg.name
     if name == "reference":
-        return ReferenceBackend(model_cfg, engine_cfg, driver, request_timeout_s)
+        return ReferenceBackend(model_cfg, engine_cfg, driver, request_timeout_s, faults)
+    if faults is not None and faults.any:
+        raise ValueError(f"faults.* are injected into the reference engine's step; engine.name={name!r} has "
+                         "none: leave faults at their defaults or use engine=reference")
     if name == "hf":
         return HFBackend(model_cfg, engine_cfg, driver)
     if name == "vllm":
