@@ -87,6 +87,15 @@ def pair_interval(control: np.ndarray, candidate: np.ndarray, q: float | None, p
         idx = rng.integers(0, n, size=(min(chunk, n_boot - start), n))  # the same requests in every run
         boot.append((np.log(_stat(k[:, idx], q)) - np.log(_stat(c[:, idx], q))).mean(axis=0))
     request_var = float(np.var(np.concatenate(boot), ddof=1)) if n_boot > 1 else 0.0
+    return t_interval(d, request_var, prior_sd, prior_weight, alpha, n)
+
+
+def t_interval(d: np.ndarray, request_var: float, prior_sd: float | None, prior_weight: float,
+               alpha: float = 0.05, n: int = 0) -> PairInterval:
+    """The interval from the pairs' log ratios `d` and the request-resampling variance of their mean (also
+    how an A/A sweep recomputes an interval under another prior)."""
+    d = np.asarray(d, dtype=np.float64)
+    pairs = d.size
     own_df = pairs - 1
     weight = prior_weight if prior_sd is not None else 0.0
     df = weight + own_df
@@ -95,13 +104,11 @@ def pair_interval(control: np.ndarray, candidate: np.ndarray, q: float | None, p
                          "(give ab.repeats >= 2, or gate.run_noise from an A/A sweep)")
     own_ss = float(np.var(d, ddof=1)) * own_df if own_df > 0 else 0.0
     run_var = (weight * (prior_sd or 0.0) ** 2 + own_ss) / df
-    se = math.sqrt(request_var + run_var / pairs)
-    half = float(sps.t.ppf(1 - alpha / 2, df)) * se
+    half = float(sps.t.ppf(1 - alpha / 2, df)) * math.sqrt(request_var + run_var / pairs)
     mean = float(d.mean())
     return PairInterval(estimate=math.expm1(mean), low=math.expm1(mean - half), high=math.expm1(mean + half),
                         n=n, pairs=pairs, pair_log_ratios=[float(x) for x in d], request_var=request_var,
                         run_sd=math.sqrt(run_var), df=df)
-
 
 def run_noise_from_aa(log_ratios: list[float]) -> tuple[float, int]:
     """The prior for gate.run_noise from an A/A sweep's pair log ratios (identical arms, so the true ratio is

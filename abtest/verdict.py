@@ -56,6 +56,7 @@ class GateResult:
     control: float | None
     candidate: float | None
     interval: Interval | None = None
+    bound: float | None = None  # relative gates: the largest bad-direction change that passes
 
     @property
     def name(self) -> str:
@@ -106,7 +107,7 @@ def _rel_change(c: float, k: float) -> float:
     return (k - c) / c
 
 
-def _on_bound(low: float, high: float, bound: float) -> Status:
+def on_bound(low: float, high: float, bound: float) -> Status:
     """Status of a 'bad-direction change <= bound' check over an interval of that change."""
     if high <= bound:
         return "pass"
@@ -144,11 +145,11 @@ def _relative_gate(gate: str, metric: str, bound: float, control: ArmResult, can
         return GateResult(gate, metric, "inconclusive", f"{head} {_pct(_rel_change(c, k))}; no interval: {e}",
                           c, k)
     low, high = sorted((sign * iv.low, sign * iv.high))
-    status = _on_bound(low, high, bound)
+    status = on_bound(low, high, bound)
     noise = (f"run noise SD {iv.run_sd:.1%} from {pairs - 1} df of the pairs"
              + (f" and gate.run_noise {prior:.1%} x {cfg.run_noise_weight:g}" if prior is not None else ""))
     return GateResult(gate, metric, status, f"{head} {_ci(iv, cfg.alpha)} over {pairs} run pair(s) "
-                      f"({dropped} requests dropped; {noise}); {limit} -> {status}", c, k, iv)
+                      f"({dropped} requests dropped; {noise}); {limit} -> {status}", c, k, iv, bound)
 
 
 def _quality_gate(metric: str, margin: float, control: ArmResult, candidate: ArmResult,

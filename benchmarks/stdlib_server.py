@@ -32,7 +32,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import TYPE_CHECKING
 
 from serving.engine_loop import EngineDead, EngineLoop
-from serving.openai_protocol import BadRequest, Completion, chunk, final_response, parse_chat, parse_completion
+from serving.openai_protocol import (BadRequest, Completion, TokenEvents, chunk, final_response, parse_chat,
+                                     parse_completion)
 
 if TYPE_CHECKING:
     from engine.llm_engine import LLMEngine
@@ -167,12 +168,13 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_header("Transfer-Encoding", "chunked")
         self.end_headers()
         model, created = self.server.model, int(time.time())
+        tokens = TokenEvents(rid, model, created, req.chat)  # the same encoding as the ASGI server's
         try:
             if req.chat:
                 self._sse(chunk(rid, model, created, req.chat, "", None, role=True))
             ev = first
             while True:
-                self._sse(chunk(rid, model, created, req.chat, ev.text, _finish(ev)))
+                self._write_chunk(tokens.event(ev.text, _finish(ev)))
                 if ev.finished:
                     break
                 ev = next(events)

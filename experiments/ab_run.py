@@ -96,7 +96,8 @@ def run_ab(cfg: DictConfig, run_dir: Path, overrides: list[str], choices: dict) 
         run_arms([control, candidate] if ab.first == "control" else [candidate, control], ab.repeats, run_dir,
                  parent.run_id)
         verdict, cand, lossless, why = gate_pair(control, candidate, gate_config(cfg))
-        out = {"ab": ab.name, "control": control.overrides, "candidate": candidate.overrides,
+        out = {"ab": ab.name, "control": control.overrides, "candidate": candidate.overrides, "first": ab.first,
+               "repeats": ab.repeats,
                "candidate_lossless": lossless, "lossless_reason": why, **verdict.to_dict(),
                "control_run_ids": [r.run_id for r in control.runs],
                "candidate_run_ids": [r.run_id for r in candidate.runs]}

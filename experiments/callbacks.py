@@ -41,6 +41,13 @@ class MLflowSweepCallback(Callback):
             self.failed += 1
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        if config.get("ab") is not None:  # a sweep of A/Bs (an A/A calibration): ab_summary.md beside the jobs
+            from pathlib import Path
+
+            from experiments.ab_summary import write_summary
+
+            sweep = Path(config.hydra.sweep.dir)
+            write_summary([sweep], sweep / "ab_summary", f"A/B sweep {config.ab.name}")
         if self.parent_run_id is None:
             return
         from mlflow.tracking import MlflowClient

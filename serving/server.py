@@ -33,12 +33,13 @@ from typing import TYPE_CHECKING
 import uvicorn
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from serving.body import BodyTooLarge, read_json
 from serving.engine_loop import AsyncChannel, AsyncOutbox, EngineDead, EngineLoop
-from serving.openai_protocol import BadRequest, Completion, chunk, final_response, parse_chat, parse_completion
+from serving.openai_protocol import (BadRequest, Completion, TokenEvents, chunk, final_response, parse_chat,
+                                     parse_completion)
 
 if TYPE_CHECKING:
     from engine.llm_engine import LLMEngine
@@ -96,7 +97,8 @@ def serve(engine: "LLMEngine", host: str = "127.0.0.1", port: int = 0, model_nam
 
 
 class OpenAIApi:
-    """The routes; every one runs on the server's event loop, never on the engine thread."""
+    """The ASGI app. The two generation routes are served by hand (they are the hot path: an SSE event per
+    token per stream, taking CPU from the engine's interpreter), the rest by Starlette."""
 
     def __init__(self, loop: EngineLoop, model: str, tokenizer, max_model_len: int, vocab_size: int,
                  api_key: str | None, max_body_bytes: int):
@@ -105,14 +107,25 @@ class OpenAIApi:
         self.api_key = api_key.encode() if api_key else None
         self.max_body_bytes = max_body_bytes
         self._outbox: AsyncOutbox | None = None  # made on the event loop, at the first request
+        self._parsers = {"/v1/completions": parse_completion, "/v1/chat/completions": parse_chat}
+        self._rest = Starlette(routes=[Route("/health", self.health, methods=["GET"]),
+                                       Route("/v1/models", self.models, methods=["GET"])],
+                               exception_handlers={404: _not_found, 405: _not_allowed})
 
-    def app(self) -> Starlette:
-        return Starlette(routes=[
-            Route("/health", self.health, methods=["GET"]),
-            Route("/v1/models", self.models, methods=["GET"]),
-            Route("/v1/completions", self.completions, methods=["POST"]),
-            Route("/v1/chat/completions", self.chat, methods=["POST"]),
-        ], exception_handlers={404: _not_found, 405: _not_allowed})
+    def app(self) -> "OpenAIApi":
+        return self
+
+    async def __call__(self, scope, receive, send) -> None:
+        parse = self._parsers.get(scope.get("path", "")) if scope["type"] == "http" else None
+        if parse is None:
+            await self._rest(scope, receive, send)
+            return
+        request = Request(scope, receive)
+        if request.method != "POST":
+            response = error(405, f"{request.method} is not allowed on {request.url.path}; use POST")
+        else:
+            response = await self._generate(request, parse)
+        await response(scope, receive, send)
 
     # --- routes ---
     async def health(self, request: Request) -> Response:
@@ -124,14 +137,8 @@ class OpenAIApi:
             "id": self.model, "object": "model", "created": int(time.time()), "owned_by": "optladder",
             "max_model_len": self.max_model_len}]})
 
-    async def completions(self, request: Request) -> Response:
-        return await self._generate(request, parse_completion)
-
-    async def chat(self, request: Request) -> Response:
-        return await self._generate(request, parse_chat)
-
     # --- a generation ---
-    async def _generate(self, request: Request, parse) -> Response:
+    async def _generate(self, request: Request, parse):
         denied = self._denied(request)
         if denied:
             return denied
@@ -160,32 +167,11 @@ class OpenAIApi:
         except ClientGone:
             return Response(status_code=499)  # nobody reads it; uvicorn drops it
         if req.stream:
-            progress = _Progress(first.finished)
-            return _AbortingStream(self._stream(rid, req, first, chan, progress),
-                                   lambda: progress.finished or self.loop.abort(rid))
+            return SSEStream(self, rid, req, first, chan)
         try:
             return await self._unless_gone(request, rid, self._whole(rid, req, first, chan))
         except ClientGone:
             return Response(status_code=499)
-
-    async def _stream(self, rid: str, req: Completion, first, chan: AsyncChannel, progress: "_Progress"):
-        """SSE: one event per token, flushed as it comes (asyncio sets TCP_NODELAY)."""
-        model, created, ev = self.model, int(time.time()), first
-        try:
-            if req.chat:
-                yield sse(chunk(rid, model, created, req.chat, "", None, role=True))
-            while True:
-                yield sse(chunk(rid, model, created, req.chat, ev.text, finish_reason(ev)))
-                if ev.finished:
-                    break
-                ev = await chan.get()
-                progress.finished = ev.finished
-            if req.include_usage:
-                yield sse(chunk(rid, model, created, req.chat, None, None, usage=usage(req, ev)))
-            yield b"data: [DONE]\n\n"
-        except EngineDead as e:  # the stream ends with an error event and no [DONE]
-            progress.finished = True
-            yield sse({"error": {"message": str(e), "type": "server_error", "code": 503}})
 
     async def _whole(self, rid: str, req: Completion, first, chan: AsyncChannel) -> Response:
         text, ev = [first.text], first
@@ -201,7 +187,7 @@ class OpenAIApi:
     async def _unless_gone(self, request: Request, rid: str, work):
         """Await `work` unless the client disconnects first: then abort its sequence and raise ClientGone."""
         task = asyncio.ensure_future(work)
-        gone = asyncio.ensure_future(_disconnected(request))
+        gone = asyncio.ensure_future(_disconnected(request.receive))
         try:
             await asyncio.wait({task, gone}, return_when=asyncio.FIRST_COMPLETED)
         finally:
@@ -223,33 +209,61 @@ class OpenAIApi:
         return error(401, f"{what}: send the header 'Authorization: Bearer <key>'", "authentication_error")
 
 
-@dataclass
-class _Progress:
-    finished: bool  # the engine has sent the request's last event (or is dead): nothing to abort
+class SSEStream:
+    """The ASGI response of a stream: one event per token, sent as it comes (asyncio sets TCP_NODELAY).
+    A client that hangs up ends it at once, and its sequence is aborted in the engine."""
 
+    HEADERS = [(b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control", b"no-cache")]
 
-class _AbortingStream(StreamingResponse):
-    """An SSE response that calls `on_close` however it ends. Starlette cancels a stream whose client
-    hung up, possibly before the body iterator ever ran (so a `finally` inside it would not run)."""
-
-    def __init__(self, body, on_close):
-        super().__init__(body, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
-        self.on_close = on_close
+    def __init__(self, api: OpenAIApi, rid: str, req: Completion, first, chan: AsyncChannel):
+        self.api, self.rid, self.req, self.first, self.chan = api, rid, req, first, chan
+        self.finished = first.finished  # the engine has sent the last event (or is dead): nothing to abort
 
     async def __call__(self, scope, receive, send) -> None:
+        await send({"type": "http.response.start", "status": 200, "headers": self.HEADERS})
+        pump = asyncio.ensure_future(self._pump(send))
+        gone = asyncio.ensure_future(_disconnected(receive))
         try:
-            await super().__call__(scope, receive, send)
+            await asyncio.wait({pump, gone}, return_when=asyncio.FIRST_COMPLETED)
         finally:
-            self.on_close()
+            pump.cancel()
+            gone.cancel()
+            if not self.finished:
+                self.api.loop.abort(self.rid)
+
+    async def _pump(self, send) -> None:
+        async for data in self._events():
+            await send({"type": "http.response.body", "body": data, "more_body": True})
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+    async def _events(self):
+        req, ev = self.req, self.first
+        model, created = self.api.model, int(time.time())
+        events = TokenEvents(self.rid, model, created, req.chat)
+        try:
+            if req.chat:
+                yield sse(chunk(self.rid, model, created, req.chat, "", None, role=True))
+            while True:
+                yield events.event(ev.text, finish_reason(ev))
+                if ev.finished:
+                    break
+                ev = await self.chan.get()
+                self.finished = ev.finished
+            if req.include_usage:
+                yield sse(chunk(self.rid, model, created, req.chat, None, None, usage=usage(req, ev)))
+            yield b"data: [DONE]\n\n"
+        except EngineDead as e:  # the stream ends with an error event and no [DONE]
+            self.finished = True
+            yield sse({"error": {"message": str(e), "type": "server_error", "code": 503}})
 
 
 class ClientGone(Exception):
     """The client disconnected before its answer was ready."""
 
 
-async def _disconnected(request: Request) -> None:
+async def _disconnected(receive) -> None:
     """Returns once the client has hung up (the body has been read, so the next message is the end)."""
-    while (await request.receive())["type"] != "http.disconnect":
+    while (await receive())["type"] != "http.disconnect":
         pass
 
 
