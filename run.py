@@ -17,11 +17,14 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
+from experiments import lifecycle, tracking
 from experiments.schema import register
 
 register()
 log = logging.getLogger("optladder")
-_exit = [0]  # Hydra drops the task's return value; an A/B's verdict is the process's exit status
+# Hydra drops the task's return value: an A/B's verdict, or how a run ended (experiments/lifecycle.py),
+# is the process's exit status
+_exit: list[int | None] = [None]
 
 
 ARM_KEYS = ("ab.control=", "ab.candidate=", "+ab.control=", "+ab.candidate=")
@@ -52,6 +55,18 @@ def quote_arm_overrides(argv: list[str]) -> list[str]:
 
 @hydra.main(config_path="conf", config_name="config", version_base="1.3")
 def main(cfg: DictConfig) -> int:
+    try:
+        return _main(cfg)
+    except tracking.TrackingUnreachable as e:  # nothing ran: one clear line, no traceback
+        log.error("%s", e)
+        _exit[0] = lifecycle.EXIT_TRACKING
+        return _exit[0]
+    except BaseException as e:
+        _exit[0] = lifecycle.exit_status(e)
+        raise
+
+
+def _main(cfg: DictConfig) -> int:
     hc = HydraConfig.get()
     run_dir = Path(hc.runtime.output_dir)
     overrides = list(hc.overrides.task)
@@ -70,10 +85,31 @@ def main(cfg: DictConfig) -> int:
     print()
     print(results_table(result.metrics, f"optladder: {', '.join(result.opts) or 'baseline'} on {cfg.model.name}"))
     print(footer(result.run_id, run_dir, cfg.tracking))
+    _exit[0] = 0
     return 0
+
+
+def exit_code(hydra_code: int | str | None) -> int:
+    """The process's exit status: how the run ended if it got that far, else what Hydra said (a config error)."""
+    if tracking.LOST and _exit[0] in (None, 0, 1, 2):  # the run finished locally but MLflow lost it
+        log.error("MLflow lost this run mid-way (%s): its results are in the run directory only", tracking.LOST[0])
+        return lifecycle.EXIT_TRACKING
+    if _exit[0] is not None:
+        return _exit[0]
+    return hydra_code if isinstance(hydra_code, int) else (0 if hydra_code is None else 1)
 
 
 if __name__ == "__main__":
     sys.argv = quote_arm_overrides(sys.argv)
-    main()
-    sys.exit(_exit[0])
+    lifecycle.install_signal_handlers()  # SIGTERM unwinds like Ctrl-C: records kept, servers stopped, KILLED
+    try:
+        main()
+        code = None
+    except SystemExit as e:  # Hydra reports a job's exception (or a config error) and exits 1
+        code = e.code
+    except (KeyboardInterrupt, lifecycle.Terminated) as e:
+        _exit[0] = lifecycle.exit_status(e)
+        log.error("stopped by %s: what finished is on disk, the MLflow run is KILLED",
+                  "SIGINT" if isinstance(e, KeyboardInterrupt) else f"signal {e.signum}")
+        code = None
+    sys.exit(exit_code(code))

@@ -75,7 +75,10 @@ class ReferenceBackend:
         hcfg = HttpReplayConfig(mode=cfg.mode, concurrency=cfg.concurrency, timeout_s=self.request_timeout_s,
                                 lateness_warn_ms=cfg.lateness_warn_ms, progress=cfg.progress, api_key=self.api_key)
         with serve(self.stepper, self.host, 0, model_name=self.model_name, api_key=self.api_key) as server:
-            return replay_http(requests, server.url, server.model, hcfg, on_record)
+            records = replay_http(requests, server.url, server.model, hcfg, on_record)
+            if server.loop.dead is not None:  # the engine raised: every client got a 503, the run failed
+                raise RuntimeError(f"the engine failed mid-replay over HTTP: {server.loop.dead}")
+            return records
 
     def generate(self, prompts, max_new_tokens, progress=True):
         """Greedy, stopping at EOS; a prompt that leaves no room to answer gets '' (counted by the caller)."""
@@ -192,8 +195,13 @@ class VLLMBackend(_HttpBackend):
         self.start_s = self.server.start_s
 
     def replay(self, requests, cfg, on_record):
-        with self.server.measure() as probe:  # vLLM's own counters, before and after, and its KV gauge during
-            records = self._replay(requests, cfg, on_record)
+        try:
+            with self.server.measure() as probe:  # vLLM's own counters, before and after, and its KV gauge during
+                records = self._replay(requests, cfg, on_record)
+        except Exception:
+            self.server.check_alive()  # a server that died is the news, not the scrape that found it gone
+            raise
+        self.server.check_alive()  # killed mid-replay: every request after failed fast, and the run fails
         self._metrics = probe.metrics
         return records
 

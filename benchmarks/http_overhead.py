@@ -1,6 +1,6 @@
 """What the HTTP path adds, at a few hundred open streams: the same workload replayed by the in-process driver
-and over HTTP (the locust driver, in its own process) against the ASGI server (serving/server.py: Starlette
-under uvicorn) and the stdlib one it replaced (benchmarks/stdlib_server.py), side by side in one run.
+and over HTTP (the locust driver, in its own process) against the stdlib server (serving/server.py) and an
+ASGI one (benchmarks/asgi_server.py: Starlette under uvicorn, as vLLM runs), side by side in one run.
 
     .venv/bin/python benchmarks/http_overhead.py --out benchmarks/results/http_overhead
 
@@ -29,11 +29,11 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import torch  # noqa: E402
 
-import stdlib_server  # noqa: E402
+import asgi_server  # noqa: E402
 from engine.config import EngineConfig, ModelConfig  # noqa: E402
 from engine.llm_engine import LLMEngine  # noqa: E402
 from engine.sequence import SamplingParams  # noqa: E402
-from serving import server as asgi_server  # noqa: E402
+from serving import server as stdlib_server  # noqa: E402
 from traffic.http_driver import HttpReplayConfig, replay_http  # noqa: E402
 from traffic.metrics import compute_metrics  # noqa: E402
 from traffic.replay import InProcessDriver, ReplayConfig  # noqa: E402

@@ -16,6 +16,7 @@ from abtest.lossless import arms_lossless
 from abtest.rollout import DEFAULT_REGISTRY, promote, rollout_plan
 from abtest.verdict import ArmResult, Verdict, check_same_traffic, decide, verdict_table
 from experiments.experiment import ExperimentResult, run_experiment
+from experiments.lifecycle import run_status
 from experiments.tracking import Tracker
 from quality.prompts import load_prompt_set
 from quality.review import write_review_html
@@ -91,7 +92,7 @@ def run_ab(cfg: DictConfig, run_dir: Path, overrides: list[str], choices: dict) 
     control = Arm("control", [*base, *ab.control], compose_arm(base, list(ab.control)), [])
     candidate = Arm("candidate", [*base, *ab.candidate], compose_arm(base, list(ab.candidate)), [])
     parent = Tracker(OmegaConf.to_object(cfg.tracking), f"ab:{ab.name}", {"optladder.kind": "ab", "ab": ab.name})
-    ok = False
+    status = "FAILED"
     try:
         run_arms([control, candidate] if ab.first == "control" else [candidate, control], ab.repeats, run_dir,
                  parent.run_id)
@@ -113,11 +114,14 @@ def run_ab(cfg: DictConfig, run_dir: Path, overrides: list[str], choices: dict) 
         parent.set_tags({"verdict": verdict.status})
         print(verdict_table(verdict))
         print(f"verdict.json: {run_dir / 'verdict.json'}")
-        ok = True
+        status = "FINISHED"
         return verdict.exit_code
+    except BaseException as e:
+        status = run_status(e)
+        raise
     finally:
         parent.log_artifacts(run_dir)
-        parent.end(ok)
+        parent.end(status)
 
 
 def _review(cfg: DictConfig, run_dir: Path, control: Arm, candidate: Arm) -> None:

@@ -1,12 +1,14 @@
 """A Hydra multirun becomes one MLflow parent run with a child run per job."""
 from __future__ import annotations
 
+import logging
 import os
 from typing import Any
 
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
+from experiments.lifecycle import EXIT_TRACKING
 from experiments.tracking import PARENT_ENV, resolve_uri
 
 
@@ -25,12 +27,18 @@ class MLflowSweepCallback(Callback):
 
         mlflow.set_tracking_uri(resolve_uri(config.tracking.uri))
         client = MlflowClient()
-        exp = client.get_experiment_by_name(config.tracking.experiment)
-        exp_id = exp.experiment_id if exp else client.create_experiment(
-            config.tracking.experiment, artifact_location=(PROJECT_ROOT / "mlartifacts").as_uri())
-        sweep = " ".join(config.hydra.overrides.task) if "hydra" in config else ""
-        run = client.create_run(exp_id, run_name=f"sweep: {sweep}"[:250] or "sweep",
-                                tags={"optladder.kind": "sweep", "sweep_dir": str(config.hydra.sweep.dir)})
+        try:
+            exp = client.get_experiment_by_name(config.tracking.experiment)
+            exp_id = exp.experiment_id if exp else client.create_experiment(
+                config.tracking.experiment, artifact_location=(PROJECT_ROOT / "mlartifacts").as_uri())
+            sweep = " ".join(config.hydra.overrides.task) if "hydra" in config else ""
+            run = client.create_run(exp_id, run_name=f"sweep: {sweep}"[:250] or "sweep",
+                                    tags={"optladder.kind": "sweep", "sweep_dir": str(config.hydra.sweep.dir)})
+        except Exception as e:  # noqa: BLE001 - before any job: say so and stop (experiments/lifecycle.py)
+            logging.getLogger("optladder").error("tracking.uri=%s: the MLflow store is unreachable (%s: %s); start "
+                                                 "it or fix tracking.uri, or run with tracking.enabled=false",
+                                                 config.tracking.uri, type(e).__name__, str(e)[:300])
+            raise SystemExit(EXIT_TRACKING) from None
         self.parent_run_id = run.info.run_id
         os.environ[PARENT_ENV] = self.parent_run_id
 

@@ -18,6 +18,7 @@ from omegaconf import DictConfig, OmegaConf
 from backends import make_backend
 from experiments.plots import plot_run
 from experiments.snapshot import build_snapshot, write_snapshot
+from experiments.lifecycle import run_status
 from experiments.tracking import Tracker, flatten
 from quality.prompts import load_prompt_set, prompts_digest
 from quality.scoring import score_vs_references, to_metrics
@@ -63,20 +64,19 @@ def run_experiment(cfg: DictConfig, run_dir: Path, overrides: list[str] | None =
                  "device": snapshot["environment"].get("gpu") or "cpu"}
     tracker = Tracker(conf.tracking, run_name or _default_name(conf, opts), {**base_tags, **(tags or {})},
                       parent_run_id)
-    ok = False
+    status = "FINISHED"
     try:
         tracker.log_params(flatten(resolved))
-        result = _run(conf, run_dir, snapshot, tracker, opts, with_quality)
-        ok = True
-        return result
-    except BaseException:
+        return _run(conf, run_dir, snapshot, tracker, opts, with_quality)
+    except BaseException as e:
+        status = run_status(e)  # FAILED, or KILLED for SIGINT / SIGTERM
         (run_dir / "error.txt").write_text(traceback.format_exc())
         raise
     finally:
         try:
             tracker.log_artifacts(run_dir)
         finally:
-            tracker.end(ok)
+            tracker.end(status)
 
 
 def _default_name(conf, opts: list[str]) -> str:

@@ -11,6 +11,7 @@ from omegaconf import DictConfig, OmegaConf
 from abtest.ladder import keeps, ladder_chart, ladder_table, rung_opts
 from abtest.verdict import verdict_table
 from experiments.ab_run import Arm, base_overrides, compose_arm, gate_config, gate_pair, run_arms
+from experiments.lifecycle import run_status
 from experiments.tracking import Tracker
 
 
@@ -20,7 +21,7 @@ def run_ladder(cfg: DictConfig, run_dir: Path, overrides: list[str], choices: di
     gate = gate_config(cfg)
     parent = Tracker(OmegaConf.to_object(cfg.tracking), f"ladder:{ladder.name}",
                      {"optladder.kind": "ladder", "ladder": ladder.name})
-    ok = False
+    status = "FAILED"
     try:
         prev = Arm("rung0-baseline", list(base), compose_arm(base, []), [])
         run_arms([prev], ladder.repeats, run_dir, parent.run_id)
@@ -49,8 +50,11 @@ def run_ladder(cfg: DictConfig, run_dir: Path, overrides: list[str], choices: di
         ladder_chart(rungs, run_dir / "ladder.png")
         print(table)
         print(f"ladder.json, ladder.md, ladder.png in {run_dir}")
-        ok = True
+        status = "FINISHED"
         return 0
+    except BaseException as e:
+        status = run_status(e)
+        raise
     finally:
         parent.log_artifacts(run_dir)
-        parent.end(ok)
+        parent.end(status)

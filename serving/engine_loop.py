@@ -4,13 +4,12 @@
 One thread owns the engine and is the only one to call `add_request`, `abort_request` and `step`, exactly
 as the in-process replay driver does; other threads (or an event loop) `submit` through a thread-safe
 inbox and get their request's TokenEvents through an outbox of their own (anything with `put`: a
-`queue.Queue` for a thread, `AsyncOutbox` for asyncio). `abort` drops a request whose client left, so its
+`queue.Queue` for a handler thread, or a bridge into an event loop). `abort` drops a request whose client left, so its
 KV blocks go back to the pool at once. When the loop ends (shutdown, or the engine raised), every request
 not yet finished gets an `EngineDead` instead of hanging, and later submits are refused.
 """
 from __future__ import annotations
 
-import asyncio
 import logging
 import queue
 import threading
@@ -142,53 +141,3 @@ class EngineLoop:
         for out in self._streams.values():
             out.put(EngineDead(why))
         self._streams.clear()
-
-
-class AsyncOutbox:
-    """Token events from the engine thread into asyncio queues, with one event-loop wake-up per engine
-    step however many streams it fed (a wake-up per token would cost a self-pipe write each, hundreds per
-    step at a few hundred open streams)."""
-
-    def __init__(self, loop: asyncio.AbstractEventLoop):
-        self.loop = loop
-        self._pending: list[tuple[asyncio.Queue, object]] = []
-        self._lock = threading.Lock()
-        self._scheduled = False
-
-    def channel(self) -> "AsyncChannel":
-        return AsyncChannel(self, asyncio.Queue())
-
-    def put(self, q: asyncio.Queue, item) -> None:  # the engine thread
-        with self._lock:
-            self._pending.append((q, item))
-            if self._scheduled:
-                return
-            self._scheduled = True
-        try:
-            self.loop.call_soon_threadsafe(self._flush)
-        except RuntimeError:  # the event loop is closed: the server is gone, nobody is reading
-            pass
-
-    def _flush(self) -> None:  # the event loop
-        with self._lock:
-            items, self._pending, self._scheduled = self._pending, [], False
-        for q, item in items:
-            q.put_nowait(item)
-
-
-@dataclass
-class AsyncChannel:
-    """One request's outbox (for the engine thread) and its async reading side (for the server)."""
-
-    outbox: AsyncOutbox
-    queue: asyncio.Queue
-
-    def put(self, item) -> None:
-        self.outbox.put(self.queue, item)
-
-    async def get(self):
-        """The next TokenEvent; raises the ValueError or EngineDead the engine thread sent instead."""
-        item = await self.queue.get()
-        if isinstance(item, BaseException):
-            raise item
-        return item

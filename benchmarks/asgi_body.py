@@ -1,10 +1,9 @@
-"""Reading a request body at the edge: bounded in size, and parsed as one JSON object, or a clear refusal."""
+"""The ASGI server's body reading (benchmarks/asgi_server.py): bounded in size, then serving/edge.py's parse."""
 from __future__ import annotations
-
-import json
 
 from starlette.requests import Request
 
+from serving.edge import parse_json
 from serving.openai_protocol import BadRequest
 
 # An oversized body is read to its end (and thrown away) up to this multiple of the limit before the 413:
@@ -31,12 +30,4 @@ async def read_json(request: Request, max_bytes: int) -> dict:
     if size > max_bytes:
         raise BodyTooLarge(f"request body of {size if size <= _DRAIN_FACTOR * max_bytes else 'over ' + str(size)} "
                            f"bytes exceeds the server's limit of {max_bytes} bytes")
-    try:
-        body = json.loads(b"".join(parts) or b"null")
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise BadRequest(f"request body is not JSON: {e}") from None
-    except RecursionError:
-        raise BadRequest("request body is not JSON this server can read: nested too deeply") from None
-    if not isinstance(body, dict):
-        raise BadRequest(f"request body must be a JSON object, got {type(body).__name__}")
-    return body
+    return parse_json(b"".join(parts))
