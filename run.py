@@ -6,6 +6,7 @@
     python run.py -m '+opt=glob(*)'              a sweep: one MLflow parent run, a child run per job
     python run.py +ab=batched_decode             control vs candidate, gated: exit 0 pass, 1 fail, 2 inconclusive
     python run.py +ladder=seed                   one more opt per rung, each gated against the one before
+    python run.py +soak=cpu                      a bounded replay in a loop, with memory, leak and p99.9 gates
 """
 from __future__ import annotations
 
@@ -71,6 +72,11 @@ def _main(cfg: DictConfig) -> int:
     run_dir = Path(hc.runtime.output_dir)
     overrides = list(hc.overrides.task)
     choices = {k: v for k, v in hc.runtime.choices.items() if not k.startswith("hydra")}
+    if cfg.soak is not None:
+        from experiments.soak_run import run_soak
+
+        _exit[0] = run_soak(cfg, run_dir, overrides, choices)
+        return _exit[0]
     if cfg.ab is not None or cfg.ladder is not None:
         from experiments.ab_run import run_ab
         from experiments.ladder_run import run_ladder

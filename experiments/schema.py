@@ -9,6 +9,7 @@ from typing import Any, Optional
 from hydra.core.config_store import ConfigStore
 
 from abtest.gates import GateConfig
+from abtest.soak import SoakConfig
 from backends import DRIVERS
 from backends.faults import FaultConfig
 from engine.config import EngineConfig, ModelConfig
@@ -119,6 +120,7 @@ class Config:
     seed: int = 0
     ab: Optional[ABConfig] = None
     ladder: Optional[LadderConfig] = None
+    soak: Optional[SoakConfig] = None
     extra: dict[str, Any] = field(default_factory=dict)
 
 

@@ -72,6 +72,10 @@ class EngineLoop:
         """The client left: stop generating for it and free its KV blocks (a no-op once it finished)."""
         self._inbox.put(_Abort(request_id))
 
+    def busy(self) -> bool:
+        """Requests submitted, running or waiting to be aborted (read from any thread: a snapshot)."""
+        return bool(self._streams) or not self._inbox.empty()
+
     def stop(self, timeout: float = 10.0) -> None:
         self._stop.set()
         self._inbox.put(_STOP)  # wakes a loop blocked on an empty inbox

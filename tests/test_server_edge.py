@@ -51,7 +51,7 @@ def ask(server, body=None, key=KEY, raw=None, path="/v1/completions"):
 
 def wait_idle(engine, loop, timeout_s: float = 30.0) -> None:
     deadline = time.monotonic() + timeout_s
-    while engine.has_unfinished() or not loop._inbox.empty():
+    while engine.has_unfinished() or loop.busy():
         assert time.monotonic() < deadline, "the engine never went idle"
         time.sleep(0.02)
 
