@@ -12,12 +12,28 @@ import json
 from dataclasses import asdict
 from pathlib import Path
 
+import yaml
+
 from abtest.sweep import SweepSummary, summarize, summary_markdown
 
 
 def load_verdicts(folders: list[Path]) -> list[dict]:
     paths = sorted(p for f in folders for p in Path(f).rglob("verdict.json"))
-    return [{**json.loads(p.read_text()), "_path": str(p)} for p in paths]
+    return [_with_config({**json.loads(p.read_text()), "_path": str(p)}, p.parent) for p in paths]
+
+
+def _with_config(v: dict, job_dir: Path) -> dict:
+    """Fill what an older verdict.json lacks (the opening arm, a gate's bound) from the job's Hydra config."""
+    cfg_path = job_dir / ".hydra" / "config.yaml"
+    if not cfg_path.exists() or ("first" in v and all("bound" in g for g in v["gates"])):
+        return v
+    cfg = yaml.safe_load(cfg_path.read_text())
+    v.setdefault("first", (cfg.get("ab") or {}).get("first"))
+    bounds = {("latency_max_regression", m): b for m, b in cfg["gate"].get("latency_max_regression", {}).items()}
+    bounds.update({("latency_gain", m): -g for m, g in cfg["gate"].get("latency_gains", {}).items()})
+    for g in v["gates"]:
+        g.setdefault("bound", bounds.get((g["gate"], g["metric"])))
+    return v
 
 
 def write_summary(folders: list[Path], out_prefix: Path, title: str = "A/B sweep") -> SweepSummary | None:

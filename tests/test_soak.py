@@ -110,3 +110,15 @@ def test_a_short_soak_end_to_end(tmp_path, one_torch_thread):
     assert run.data.tags["verdict"] == report["verdict"] and run.info.status == "FINISHED"
     assert len(client.get_metric_history(run.info.run_id, "soak/anon_mib")) == len(report["windows"])
     assert "soak.png" in {a.path for a in client.list_artifacts(run.info.run_id)}
+
+
+def test_every_soak_config_composes():
+    from omegaconf import OmegaConf
+
+    from tests.conftest import CONF
+
+    names = sorted(p.stem for p in (CONF / "soak").glob("*.yaml"))
+    assert "cpu" in names
+    for name in names:
+        soak = OmegaConf.to_object(compose_config([f"+soak={name}"])).soak
+        assert isinstance(soak, SoakConfig) and soak.name == name
