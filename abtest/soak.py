@@ -34,6 +34,9 @@ class SoakConfig:
     max_mem_slope_mib_min: float = 1.0
     max_p999_ratio: float = 1.5
     client: str = "locust"  # locust (its own process) | threads (stdlib, in this process: for the GPU image)
+    # requests waiting or in flight at once on the client; locust spawns that many users before its clock
+    # starts, which takes minutes for a thousand on a busy 2-core machine
+    max_users: int = 128
 
     def __post_init__(self) -> None:
         if self.duration_min <= 0 or self.window_s <= 0 or self.sample_s <= 0:
@@ -41,6 +44,8 @@ class SoakConfig:
         if not 0 <= self.warmup_min < self.duration_min:
             raise ValueError(f"soak.warmup_min={self.warmup_min} must be in [0, soak.duration_min="
                              f"{self.duration_min})")
+        if self.max_users < 1:
+            raise ValueError(f"soak.max_users must be >= 1, got {self.max_users}")
         if self.client not in ("locust", "threads"):
             raise ValueError(f"soak.client={self.client!r} is not one of ['locust', 'threads']")
         if not 0 <= self.bad_request_rate < 1:

@@ -88,7 +88,8 @@ def soak_replay(backend, workload: list[Request], cfg: SoakConfig, run_dir: Path
                    threading.Thread(target=_send_bad, args=(bad_plan, target, t0, bad, fb, stop), daemon=True)]
         for t in threads:
             t.start()
-        hcfg = HttpReplayConfig(mode="open", api_key=key, timeout_s=timeout_s, progress=progress)
+        hcfg = HttpReplayConfig(mode="open", api_key=key, timeout_s=timeout_s, progress=progress,
+                                max_users=cfg.max_users)
         CLIENTS[cfg.client](requests, server.url, model, hcfg, on_record)
         threads[1].join()  # the bad requests end with their schedule
         _wait_idle(engine, server.loop)
