@@ -16,9 +16,9 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from backends import make_backend
+from experiments.lifecycle import run_status
 from experiments.plots import plot_run
 from experiments.snapshot import build_snapshot, write_snapshot
-from experiments.lifecycle import run_status
 from experiments.tracking import Tracker, flatten
 from quality.prompts import load_prompt_set, prompts_digest
 from quality.scoring import score_vs_references, to_metrics
