@@ -5,10 +5,10 @@ arms (experiments/ab_run.py) builds `ArmResult`s and calls `decide`.
 """
 from abtest.gates import GateConfig, higher_is_better, validate_metric
 from abtest.rollout import current, promote, rollback, rollout_plan
-from abtest.stats import (Interval, bootstrap_mean_delta, bootstrap_quantile_delta, pair_records,
-                          pool_repeats)
+from abtest.run_pairs import PairInterval, align_runs, pair_interval
+from abtest.stats import Interval, bootstrap_mean_delta
 from abtest.verdict import ArmResult, GateResult, Verdict, decide
 
-__all__ = ["ArmResult", "GateConfig", "GateResult", "Interval", "Verdict", "bootstrap_mean_delta",
-           "bootstrap_quantile_delta", "current", "decide", "higher_is_better", "pair_records",
-           "pool_repeats", "promote", "rollback", "rollout_plan", "validate_metric"]
+__all__ = ["ArmResult", "GateConfig", "GateResult", "Interval", "PairInterval", "Verdict", "align_runs",
+           "bootstrap_mean_delta", "current", "decide", "higher_is_better", "pair_interval", "promote",
+           "rollback", "rollout_plan", "validate_metric"]

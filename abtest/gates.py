@@ -7,6 +7,7 @@ No torch, no I/O.
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -25,6 +26,8 @@ def _metric_names() -> frozenset[str]:
 
 
 METRICS = _metric_names()
+# latency metrics with per-request values, which a gate can put an interval on (abtest/run_pairs.py)
+PAIRED_LATENCY = re.compile(r"perf/(ttft|tpot|e2e)_ms_(mean|p50|p90|p99)$")
 # Families whose members are named per run (capacity/<slo>, stage/<stage>_ms_mean): any suffix is valid.
 METRIC_PREFIXES = ("capacity/", "stage/")
 # Higher is better for these; every other metric (latency, memory, lateness, failures, KS distance,
@@ -73,6 +76,10 @@ class GateConfig:
     memory_ceilings_gb: metric -> ceiling on the candidate's value, in GB.
     min_pairs: fewer paired requests than this make a bootstrap gate inconclusive, because the
         percentile bootstrap understates the spread of tiny samples.
+    run_noise: latency metric -> the SD of log(candidate / control) between identical runs, as an A/A
+        sweep on the same kind of machine measured it (abtest/aa_summary.py prints it). A latency interval
+        needs run-to-run noise: one run pair cannot show it, so without a prior here it needs ab.repeats >= 2.
+    run_noise_weight: how many run pairs' worth the prior counts for, pooled with the pairs' own spread.
     """
 
     quality_margins_rel: dict[str, float] = field(default_factory=_default_quality_margins)
@@ -84,6 +91,8 @@ class GateConfig:
     alpha: float = 0.05
     n_boot: int = 2000
     min_pairs: int = 10
+    run_noise: dict[str, float] = field(default_factory=dict)
+    run_noise_weight: float = 4.0
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -113,6 +122,12 @@ class GateConfig:
                 raise ValueError(f"gate.control_agreement_min: {name!r} is not an agreement score; valid: "
                                  "quality/bleu_vs_control (0-100), quality/rougeL_vs_control (0-1)")
             _check_range(f"gate.control_agreement_min[{name!r}]", floor, 0.0, 100.0)
+        for name, sd in self.run_noise.items():
+            if not PAIRED_LATENCY.match(validate_metric(name)):
+                raise ValueError(f"gate.run_noise: {name!r} has no per-request values to pair; valid: "
+                                 "perf/{ttft,tpot,e2e}_ms_{mean,p50,p90,p99}")
+            _check_range(f"gate.run_noise[{name!r}]", sd, 1e-6, 2.0)
+        _check_range("gate.run_noise_weight", self.run_noise_weight, 0.0, 1e6)
         if not 0.0 < self.alpha < 1.0:
             raise ValueError(f"gate.alpha must be in (0, 1), got {self.alpha}")
         if self.n_boot < 1 or self.min_pairs < 1:
@@ -129,7 +144,7 @@ class GateConfig:
             raise ValueError(f"unknown gate key(s) {', '.join(map(repr, unknown))}; "
                              f"valid: {', '.join(known)}")
         for key in ("quality_margins_rel", "latency_gains", "latency_max_regression", "memory_ceilings_gb",
-                    "control_agreement_min"):
+                    "control_agreement_min", "run_noise"):
             if key in d:
                 if not isinstance(d[key], dict):
                     raise ValueError(f"gate.{key} must be a mapping of metric -> number, got {d[key]!r}")

@@ -8,28 +8,27 @@ a metric that was not measured. No torch, no I/O.
 from __future__ import annotations
 
 import math
-import re
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
 import numpy as np
 
-from abtest.gates import GateConfig, higher_is_better
-from abtest.stats import Interval, bootstrap_mean_delta, bootstrap_quantile_delta, pair_records
+from abtest.gates import PAIRED_LATENCY, GateConfig, higher_is_better
+from abtest.run_pairs import align_runs, pair_interval
+from abtest.stats import Interval, bootstrap_mean_delta
 from traffic.request import RequestRecord
 
 Status = Literal["pass", "fail", "inconclusive"]
 EXIT_CODES: dict[str, int] = {"pass": 0, "fail": 1, "inconclusive": 2}
 EXACT_MATCH = "quality/exact_match_vs_control"
-# Per-request latencies that the records let us bootstrap. p99.9 is left to point values: its
-# bootstrap over a few hundred requests is the sample maximum resampled, an interval that misleads.
-_PAIRED = re.compile(r"perf/(ttft|tpot|e2e)_ms_(mean|p50|p90|p99)$")
-_QUANTILES = {"p50": 0.50, "p90": 0.90, "p99": 0.99}
+# p99.9 is left to point values: over a few hundred requests it is the sample maximum, whose interval misleads.
+_QUANTILES = {"mean": None, "p50": 0.50, "p90": 0.90, "p99": 0.99}
 
 
 @dataclass
 class ArmResult:
-    """One arm's measurements. quality_per_prompt: metric -> per-prompt scores in prompt order."""
+    """One arm's measurements. quality_per_prompt: metric -> per-prompt scores in prompt order.
+    runs: the records of each repeat, run j of both arms being pair j; empty means one run, `records`."""
 
     name: str
     metrics: dict[str, float]
@@ -38,6 +37,10 @@ class ArmResult:
     outputs: list[str]
     requests_digest: str
     prompts_digest: str
+    runs: list[list[RequestRecord]] = field(default_factory=list)
+
+    def all_runs(self) -> list[list[RequestRecord]]:
+        return self.runs or [self.records]
 
     def value(self, metric: str) -> float | None:
         v = self.metrics.get(metric)
@@ -53,6 +56,7 @@ class GateResult:
     control: float | None
     candidate: float | None
     interval: Interval | None = None
+    bound: float | None = None  # relative gates: the largest bad-direction change that passes
 
     @property
     def name(self) -> str:
@@ -103,7 +107,7 @@ def _rel_change(c: float, k: float) -> float:
     return (k - c) / c
 
 
-def _on_bound(low: float, high: float, bound: float) -> Status:
+def on_bound(low: float, high: float, bound: float) -> Status:
     """Status of a 'bad-direction change <= bound' check over an interval of that change."""
     if high <= bound:
         return "pass"
@@ -120,27 +124,32 @@ def _relative_gate(gate: str, metric: str, bound: float, control: ArmResult, can
     head = f"{metric}: control {c:.4g}, candidate {k:.4g}; change"
     limit = (f"allowed at most {bound + 0.0:.2%} worse" if bound >= 0 else  # + 0.0: -0.0 prints as 0.00%
              f"required at least {-bound:.2%} better")
-    m = _PAIRED.match(metric)
+    m = PAIRED_LATENCY.match(metric)
     if m is None or not (control.records and candidate.records):
         status: Status = "pass" if sign * _rel_change(c, k) <= bound else "fail"
         return GateResult(gate, metric, status, f"{head} {_pct(_rel_change(c, k))} (point values); "
                           f"{limit} -> {status}", c, k)
     kind, stat = m.groups()
-    pairs = pair_records(control.records, candidate.records, kind)
-    if pairs.control.size < cfg.min_pairs:
+    ctrl_runs, cand_runs = control.all_runs(), candidate.all_runs()
+    pairs = min(len(ctrl_runs), len(cand_runs))
+    values, dropped = align_runs(ctrl_runs[:pairs] + cand_runs[:pairs], kind)
+    if values.shape[1] < cfg.min_pairs:
         return GateResult(gate, metric, "inconclusive", f"{head} {_pct(_rel_change(c, k))}, but only "
-                          f"{pairs.control.size} paired requests ({pairs.dropped} dropped), fewer than "
+                          f"{values.shape[1]} requests ok in every run ({dropped} dropped), fewer than "
                           f"gate.min_pairs={cfg.min_pairs}", c, k)
-    boot = dict(n_boot=cfg.n_boot, seed=cfg.seed, alpha=cfg.alpha, relative=True)
+    prior = cfg.run_noise.get(metric)
     try:
-        iv = (bootstrap_mean_delta(pairs.control, pairs.candidate, **boot) if stat == "mean" else
-              bootstrap_quantile_delta(pairs.control, pairs.candidate, _QUANTILES[stat], **boot))
+        iv = pair_interval(values[:pairs], values[pairs:], _QUANTILES[stat], prior, cfg.run_noise_weight,
+                           alpha=cfg.alpha, n_boot=cfg.n_boot, seed=cfg.seed)
     except ValueError as e:
-        return GateResult(gate, metric, "inconclusive", f"{head} undefined: {e}", c, k)
+        return GateResult(gate, metric, "inconclusive", f"{head} {_pct(_rel_change(c, k))}; no interval: {e}",
+                          c, k)
     low, high = sorted((sign * iv.low, sign * iv.high))
-    status = _on_bound(low, high, bound)
-    return GateResult(gate, metric, status, f"{head} {_ci(iv, cfg.alpha)} paired by request "
-                      f"({pairs.dropped} dropped); {limit} -> {status}", c, k, iv)
+    status = on_bound(low, high, bound)
+    noise = (f"run noise SD {iv.run_sd:.1%} from {pairs - 1} df of the pairs"
+             + (f" and gate.run_noise {prior:.1%} x {cfg.run_noise_weight:g}" if prior is not None else ""))
+    return GateResult(gate, metric, status, f"{head} {_ci(iv, cfg.alpha)} over {pairs} run pair(s) "
+                      f"({dropped} requests dropped; {noise}); {limit} -> {status}", c, k, iv, bound)
 
 
 def _quality_gate(metric: str, margin: float, control: ArmResult, candidate: ArmResult,

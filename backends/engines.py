@@ -8,6 +8,7 @@ from typing import Callable, Protocol
 
 from tqdm import tqdm
 
+from backends.faults import FaultConfig, FaultyEngine
 from engine.config import ENGINES, EngineConfig, ModelConfig
 from engine.sequence import SamplingParams
 from traffic.replay import InProcessDriver
@@ -33,18 +34,21 @@ class Backend(Protocol):
 class ReferenceBackend:
     name = "reference"
 
-    def __init__(self, model_cfg: ModelConfig, engine_cfg: EngineConfig, driver: str = "inprocess"):
+    def __init__(self, model_cfg: ModelConfig, engine_cfg: EngineConfig, driver: str = "inprocess",
+                 faults: FaultConfig | None = None):
         from engine.llm_engine import LLMEngine
 
         if driver not in DRIVERS:
             raise ValueError(f"replay.driver={driver!r} is not one of {list(DRIVERS)}")
         self.engine = LLMEngine(model_cfg, engine_cfg)
+        # what the replay steps: the engine, or the engine with test-only faults (backends/faults.py)
+        self.stepper = FaultyEngine(self.engine, faults) if faults is not None and faults.any else self.engine
         self.tokenizer = self.engine.tokenizer
         self.load_s, self.start_s = self.engine.load_s, self.engine.start_s
         self.max_model_len = engine_cfg.max_model_len
         # locust: the same engine behind serving/server.py, replayed over HTTP from another process
         self.driver = driver
-        self.model_name, self.host = model_cfg.name, engine_cfg.server.host
+        self.model_name, self.host, self.api_key = model_cfg.name, engine_cfg.server.host, engine_cfg.server.api_key
 
     @staticmethod
     def _replay_params(r: Request) -> SamplingParams:
@@ -60,14 +64,17 @@ class ReferenceBackend:
     def replay(self, requests, cfg, pacing, on_record):
         if self.driver == "locust":
             return self._replay_http(requests, cfg, pacing, on_record)
-        return InProcessDriver(self.engine, self._replay_params, on_record).replay(requests, cfg, pacing)
+        return InProcessDriver(self.stepper, self._replay_params, on_record).replay(requests, cfg, pacing)
 
     def _replay_http(self, requests, cfg, pacing, on_record):
         from serving.server import serve
         from traffic.http_driver import replay_http
 
-        with serve(self.engine, self.host, 0, model_name=self.model_name) as server:  # 0: any free port
-            return replay_http(requests, server.url, server.model, cfg, pacing, on_record)
+        with serve(self.stepper, self.host, 0, model_name=self.model_name, api_key=self.api_key) as server:
+            records = replay_http(requests, server.url, server.model, cfg, pacing, on_record, self.api_key)
+            if server.loop.dead is not None:  # the engine raised: every client got a 503, the run failed
+                raise RuntimeError(f"the engine failed mid-replay over HTTP: {server.loop.dead}")
+            return records
 
     def generate(self, prompts, max_new_tokens, progress=True):
         """Greedy, stopping at EOS; a prompt that leaves no room to answer gets '' (counted by the caller)."""
@@ -91,7 +98,7 @@ class ReferenceBackend:
         return self.engine.opts_effective()
 
     def close(self) -> None:
-        self.engine = None
+        self.engine = self.stepper = None
 
 
 class HFBackend:
@@ -181,8 +188,13 @@ class VLLMBackend(_HttpBackend):
         self.start_s = self.server.start_s
 
     def replay(self, requests, cfg, pacing, on_record):
-        with self.server.measure() as probe:  # vLLM's own counters, before and after, and its KV gauge during
-            records = self._replay(requests, cfg, pacing, on_record)
+        try:
+            with self.server.measure() as probe:  # vLLM's own counters, before and after, and its KV gauge during
+                records = self._replay(requests, cfg, pacing, on_record)
+        except Exception:
+            self.server.check_alive()  # a server that died is the news, not the scrape that found it gone
+            raise
+        self.server.check_alive()  # killed mid-replay: every request after failed fast, and the run fails
         self._metrics = probe.metrics
         return records
 
@@ -206,14 +218,18 @@ class OpenAIBackend(_HttpBackend):
         pass  # not ours to stop
 
 
-def make_backend(model_cfg: ModelConfig, engine_cfg: EngineConfig, driver: str = "inprocess") -> Backend:
+def make_backend(model_cfg: ModelConfig, engine_cfg: EngineConfig, driver: str = "inprocess",
+                 faults: FaultConfig | None = None) -> Backend:
     name = engine_cfg.name
     tp = engine_cfg.server.tensor_parallel_size
     if tp != 1 and name != "vllm":
         raise ValueError(f"engine.server.tensor_parallel_size={tp}: tensor parallelism runs through engine=vllm "
                          f"only; engine={name} runs the model on one device (set it to 1)")
     if name == "reference":
-        return ReferenceBackend(model_cfg, engine_cfg, driver)
+        return ReferenceBackend(model_cfg, engine_cfg, driver, faults)
+    if faults is not None and faults.any:
+        raise ValueError(f"faults.* are injected into the reference engine's step; engine.name={name!r} has "
+                         "none: leave faults at their defaults or use engine=reference")
     if name == "hf":
         return HFBackend(model_cfg, engine_cfg, driver)
     if name == "vllm":

@@ -185,9 +185,13 @@ def stop_all() -> None:
 class Terminated(BaseException):
     """SIGTERM, raised where the main thread was, so every `with ServerProcess` and `finally` unwinds."""
 
+    def __init__(self, signum: int = signal.SIGTERM):
+        super().__init__(f"signal {signum}")
+        self.signum = signum
+
 
 def _on_sigterm(signum, frame) -> None:
-    raise Terminated(f"signal {signum}")
+    raise Terminated(signum)
 
 
 def install_signal_handlers() -> None:

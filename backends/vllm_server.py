@@ -119,6 +119,13 @@ class VLLMServer:
             out["paged_kv"]["num_blocks"] = self.kv_blocks[0]
         return out
 
+    def check_alive(self) -> None:
+        """Raise ServerGone if `vllm serve` has exited (killed mid-replay, crashed), with its log tail."""
+        rc = self.process.proc.poll()
+        if rc is not None:
+            raise ServerGone(f"vllm serve exited with status {rc} while the run was using it. Last lines of "
+                             f"{self.log_path}:\n{self.process.log_tail()}")
+
     def close(self) -> None:
         self.process.stop()
 
@@ -127,6 +134,10 @@ class VLLMServer:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+class ServerGone(RuntimeError):
+    """The engine's server process died under the run."""
 
 
 class _Probe:

@@ -127,6 +127,15 @@ class LLMEngine:
         self.timers.add("schedule", time.perf_counter() - t0)
         return seq
 
+    def abort_request(self, request_id: str) -> bool:
+        """Stop a request now (its client left): its KV blocks go back to the pool before the next step.
+        Call it from the thread that steps the engine. False if the request is unknown or already done."""
+        seq = self.scheduler.abort(request_id)
+        if seq is None:
+            return False
+        self.runner.release(seq)
+        return True
+
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished()
 

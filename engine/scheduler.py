@@ -209,6 +209,22 @@ class Scheduler:
         self.waiting.appendleft(seq)
         self.num_preemptions += 1
 
+    def abort(self, request_id: str) -> Sequence | None:
+        """Drop a request wherever it stands (a client went away), freeing its KV blocks at once.
+        Returns the sequence, finished with reason "abort", or None if no unfinished request has that id."""
+        seq = next((s for s in self.waiting if s.request_id == request_id), None)
+        if seq is not None:
+            self.waiting.remove(seq)
+        else:
+            seq = next((s for s in self.running if s.request_id == request_id), None)
+            if seq is None:
+                return None
+            self.running.remove(seq)
+        if seq.block_table:  # a running sequence, or a waiting one that holds blocks
+            self.bm.deallocate(seq)
+        seq.status, seq.finish_reason = SeqStatus.FINISHED, "abort"
+        return seq
+
     # --- after the step ---
     def postprocess(self, batch: Batch, token_ids: list[int]) -> list[Sequence]:
         """Advance each sequence by the tokens the step computed; append the new token of each sampled one

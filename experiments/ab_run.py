@@ -14,10 +14,10 @@ from omegaconf import DictConfig, OmegaConf
 from abtest.gates import GateConfig
 from abtest.lossless import arms_lossless
 from abtest.rollout import DEFAULT_REGISTRY, promote, rollout_plan
-from abtest.stats import pool_repeats
 from abtest.verdict import ArmResult, Verdict, check_same_traffic, decide, verdict_table
 from experiments.build import check_keys
 from experiments.experiment import ExperimentResult, run_experiment
+from experiments.lifecycle import run_status
 from experiments.tracking import Tracker
 from quality.prompts import load_prompt_set
 from quality.review import write_review_html
@@ -55,9 +55,10 @@ def gate_config(cfg: DictConfig) -> GateConfig:
 
 
 def run_arms(arms: list[Arm], repeats: int, out_dir: Path, parent_run_id: str | None) -> None:
-    """Alternate the arms repeat by repeat; quality (greedy, deterministic) is scored on the first."""
+    """Run the arms `repeats` times, the opening arm alternating (AB BA AB ...), so neither always runs first
+    in a fresh process nor always later in a drifting machine; quality (greedy) is scored on the first."""
     for r in range(repeats):
-        for arm in arms:
+        for arm in (arms if r % 2 == 0 else arms[::-1]):
             tags = {"optladder.arm": arm.name, "optladder.repeat": str(r)}
             res = run_experiment(arm.cfg, out_dir / f"{arm.name}-r{r}", overrides=arm.overrides,
                                  run_name=f"{arm.name} (repeat {r})", parent_run_id=parent_run_id, tags=tags,
@@ -67,9 +68,8 @@ def run_arms(arms: list[Arm], repeats: int, out_dir: Path, parent_run_id: str | 
 
 def arm_result(arm: Arm) -> ArmResult:
     first = arm.runs[0]
-    records = first.records if len(arm.runs) == 1 else pool_repeats([x.records for x in arm.runs])
-    return ArmResult(arm.name, dict(first.metrics), records, first.quality_per_prompt, first.outputs,
-                     first.requests_digest, first.prompts_digest)
+    return ArmResult(arm.name, dict(first.metrics), first.records, first.quality_per_prompt, first.outputs,
+                     first.requests_digest, first.prompts_digest, runs=[x.records for x in arm.runs])
 
 
 def gate_pair(control: Arm, candidate: Arm, gate: GateConfig) -> tuple[Verdict, ArmResult, bool, str]:
@@ -96,9 +96,10 @@ def run_ab(cfg: DictConfig, run_dir: Path, overrides: list[str], choices: dict) 
     candidate = Arm("candidate", [*base, *ab.candidate], compose_arm(base, list(ab.candidate)), [])
     with Tracker(OmegaConf.to_object(cfg.tracking), f"ab:{ab.name}", {"optladder.kind": "ab", "ab": ab.name},
                  run_dir=run_dir) as parent:
-        run_arms([control, candidate], ab.repeats, run_dir, parent.run_id)
+        run_arms([control, candidate] if ab.first == "control" else [candidate, control], ab.repeats, run_dir, parent.run_id)
         verdict, cand, lossless, why = gate_pair(control, candidate, gate_config(cfg))
-        out = {"ab": ab.name, "control": control.overrides, "candidate": candidate.overrides,
+        out = {"ab": ab.name, "control": control.overrides, "candidate": candidate.overrides, "first": ab.first,
+               "repeats": ab.repeats,
                "candidate_lossless": lossless, "lossless_reason": why, **verdict.to_dict(),
                "control_run_ids": [r.run_id for r in control.runs],
                "candidate_run_ids": [r.run_id for r in candidate.runs]}

@@ -73,7 +73,7 @@ def _default_name(conf, opts: list[str]) -> str:
 
 def _run(conf, run_dir: Path, snapshot: dict, tracker: Tracker, opts: list[str],
          with_quality: bool) -> ExperimentResult:
-    backend = make_backend(conf.model, conf.engine, conf.replay.driver)
+    backend = make_backend(conf.model, conf.engine, conf.replay.driver, conf.faults)
     try:  # a server-backed engine (vLLM) must stop on every exit path, not only at process exit
         return _measure(conf, backend, run_dir, snapshot, tracker, opts, with_quality)
     finally:

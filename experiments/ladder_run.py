@@ -12,6 +12,7 @@ from omegaconf import DictConfig, OmegaConf
 from abtest.ladder import keeps, ladder_chart, ladder_table, rung_opts
 from abtest.verdict import ArmResult, Verdict, verdict_table
 from experiments.ab_run import Arm, base_overrides, compose_arm, gate_config, gate_pair, run_arms
+from experiments.lifecycle import run_status
 from experiments.tracking import Tracker
 
 

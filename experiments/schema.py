@@ -9,6 +9,8 @@ from typing import Optional
 from hydra.core.config_store import ConfigStore
 
 from abtest.gates import GateConfig
+from abtest.soak import SoakConfig
+from backends.faults import FaultConfig
 from engine.config import EngineConfig, ModelConfig
 from quality.prompts import QualityConfig
 from traffic.metrics import SLO
@@ -31,20 +33,28 @@ class TrackingConfig:
     system_metrics_interval_s: float = 2.0
 
 
+ARMS = ("control", "candidate")
+
+
 @dataclass
 class ABConfig:
     name: str = "ab"
     control: list[str] = field(default_factory=list)  # overrides on the base config
     candidate: list[str] = field(default_factory=list)
-    repeats: int = 1  # alternating: control, candidate, control, candidate...
+    repeats: int = 1  # pairs of runs; the arm that opens a pair alternates: AB BA AB ...
+    first: str = "control"  # the arm that opens the first pair: control | candidate
+    aa: bool = False  # an A/A: the arms are meant to be the same config (conf/ab/aa.yaml)
     registry_dir: Optional[str] = None  # promoted baselines; None: <project>/rollouts
 
     def __post_init__(self) -> None:
         if self.repeats < 1:
             raise ValueError(f"ab.repeats must be >= 1, got {self.repeats}")
-        if not self.candidate:
-            raise ValueError("ab.candidate is empty: give the overrides that make the candidate, "
-                             "e.g. ab.candidate=[+opt=flash_attn]")
+        if self.first not in ARMS:
+            raise ValueError(f"ab.first={self.first!r} is not one of {list(ARMS)}")
+        if list(self.candidate) == list(self.control) and not self.aa:
+            raise ValueError(f"ab.candidate {list(self.candidate)} is the control's own overrides: give the "
+                             "overrides that make the candidate, e.g. ab.candidate=[+opt=flash_attn], or run "
+                             "an A/A on purpose with +ab=aa")
 
 
 @dataclass
@@ -74,10 +84,12 @@ class Config:
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
     replay: ReplayConfig = field(default_factory=ReplayConfig)
     slo: SLO = field(default_factory=SLO)
+    faults: FaultConfig = field(default_factory=FaultConfig)  # test-only (backends/faults.py)
     data: DataConfig = field(default_factory=DataConfig)
     seed: int = 0
     ab: Optional[ABConfig] = None
     ladder: Optional[LadderConfig] = None
+    soak: Optional[SoakConfig] = None
 
 
 def register() -> None:

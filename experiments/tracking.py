@@ -1,5 +1,10 @@
 """MLflow at the edge: one run per experiment, params from the flattened config, the metric names of
-DESIGN.md, tags, and the run directory's files as artifacts. `enabled: false` keeps everything local."""
+DESIGN.md, tags, and the run directory's files as artifacts. `enabled: false` keeps everything local.
+
+A store that cannot be reached when a run starts stops it before anything expensive (TrackingUnreachable,
+exit status 69). A store lost mid-run is reported once; the run goes on and keeps everything in its run
+directory, and the process ends with status 69 (`LOST` holds why). HTTP stores get few, short retries, so
+neither case waits minutes on MLflow's default backoff."""
 from __future__ import annotations
 
 import logging
@@ -7,11 +12,25 @@ import os
 import traceback
 from pathlib import Path
 
+from backends.launcher import Terminated
 from experiments.snapshot import PROJECT_ROOT
-from experiments.tracking_server import artifact_location, check_uri
+from experiments.tracking_server import artifact_location, check_driver, check_uri, is_server, redact
 
 log = logging.getLogger(__name__)
 PARENT_ENV = "OPTLADDER_PARENT_RUN_ID"
+LOST: list[str] = []  # why tracking was lost mid-run, by any Tracker of this process (run.py's exit status)
+_HTTP_RETRIES = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2", "MLFLOW_HTTP_REQUEST_TIMEOUT": "20"}
+
+
+def run_status(exc: BaseException | None) -> str:
+    """The MLflow status of a run that ended with exc (None: it finished)."""
+    if exc is None:
+        return "FINISHED"
+    return "KILLED" if isinstance(exc, (KeyboardInterrupt, Terminated)) else "FAILED"
+
+
+class TrackingUnreachable(RuntimeError):
+    """The MLflow store could not be reached when the run started: nothing was run."""
 
 
 def resolve_uri(uri: str) -> str:
@@ -33,6 +52,14 @@ def flatten(d, prefix: str = "") -> dict[str, str]:
     return out
 
 
+def _reason(e: BaseException) -> str:
+    """The root cause in one line (MLflow wraps the database's or the connection's own error)."""
+    while (e.__cause__ or e.__context__) is not None:
+        e = e.__cause__ or e.__context__
+    lines = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {lines[0][:300] if lines else ''}"
+
+
 class Tracker:
     """One MLflow run as a context manager, so the experiment code reads the same with tracking on or off and
     every exit path ends the run: on leaving the block the run directory's files become the run's artifacts
@@ -46,7 +73,7 @@ class Tracker:
                  run_dir: Path | None = None):
         self.cfg, self.run_name, self.tags, self.parent_run_id = cfg, run_name, tags, parent_run_id
         self.run_dir = None if run_dir is None else Path(run_dir)
-        self.enabled = cfg.enabled
+        self.enabled = cfg.enabled and not LOST  # a store already lost in this process stays lost
         self.run_id: str | None = None
 
     def __enter__(self) -> "Tracker":
@@ -62,7 +89,7 @@ class Tracker:
                     (self.run_dir / "error.txt").write_text("".join(traceback.format_exception(exc_type, exc, tb)))
                 self.log_artifacts(self.run_dir)
         finally:
-            self.end(exc_type is None)
+            self.end(run_status(exc))  # FINISHED, FAILED, or KILLED for SIGINT / SIGTERM
         return False  # the exception, if any, goes on
 
     def _start(self) -> None:
@@ -70,28 +97,50 @@ class Tracker:
 
         cfg = self.cfg
         self.mlflow = mlflow
-        uri = check_uri(resolve_uri(cfg.uri))  # a server that is down fails here, before weights load
-        mlflow.set_tracking_uri(uri)
-        exp = mlflow.get_experiment_by_name(cfg.experiment)
-        if exp is None:
-            mlflow.create_experiment(cfg.experiment, artifact_location=artifact_location(uri))
-        mlflow.set_experiment(cfg.experiment)
-        if cfg.system_metrics:
-            mlflow.set_system_metrics_sampling_interval(cfg.system_metrics_interval_s)
-        parent = self.parent_run_id or os.environ.get(PARENT_ENV)
-        run = mlflow.start_run(run_name=cfg.run_name or self.run_name, tags=self.tags, parent_run_id=parent,
-                               log_system_metrics=cfg.system_metrics, nested=bool(parent))
+        uri = resolve_uri(cfg.uri)
+        if is_server(uri):
+            for k, v in _HTTP_RETRIES.items():
+                os.environ.setdefault(k, v)
+        if not is_server(uri):
+            check_driver(uri)  # a missing database driver is a setting to fix (ValueError), not an outage
+        try:
+            check_uri(uri)  # a server that is down fails here, in one probe, before weights load
+            mlflow.set_tracking_uri(uri)
+            exp = mlflow.get_experiment_by_name(cfg.experiment)
+            if exp is None:
+                mlflow.create_experiment(cfg.experiment, artifact_location=artifact_location(uri))
+            mlflow.set_experiment(cfg.experiment)
+            if cfg.system_metrics:
+                mlflow.set_system_metrics_sampling_interval(cfg.system_metrics_interval_s)
+            parent = self.parent_run_id or os.environ.get(PARENT_ENV)
+            run = mlflow.start_run(run_name=cfg.run_name or self.run_name, tags=self.tags, parent_run_id=parent,
+                                   log_system_metrics=cfg.system_metrics, nested=bool(parent))
+        except Exception as e:  # noqa: BLE001 - whatever the store's client raises, the answer is the same
+            raise TrackingUnreachable(f"tracking.uri={redact(cfg.uri)}: the MLflow store is unreachable "
+                                      f"({_reason(e)}); start it or fix tracking.uri, or run with tracking.enabled=false") from None
         self.run_id = run.info.run_id
 
+    def _call(self, what: str, call) -> None:
+        """One call to the store; the first failure turns tracking off for this run, said once, loudly."""
+        if not self.enabled:
+            return
+        try:
+            call()
+        except Exception as e:  # noqa: BLE001 - the run's own results must not die with the store
+            self.enabled = False
+            LOST.append(f"{what}: {_reason(e)}")
+            log.error("tracking lost mid-run (%s). The run goes on and keeps everything in its run directory; "
+                      "it will end with exit status 69", LOST[-1])
+
     def log_params(self, params: dict[str, str]) -> None:
-        if self.enabled:
-            items = list(params.items())
-            for i in range(0, len(items), 100):
-                self.mlflow.log_params(dict(items[i:i + 100]))
+        items = list(params.items())
+        for i in range(0, len(items), 100):
+            self._call("log_params", lambda i=i: self.mlflow.log_params(dict(items[i:i + 100])))
 
     def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
-        if self.enabled and metrics:
-            self.mlflow.log_metrics({k: float(v) for k, v in metrics.items()}, step=step)
+        if metrics:
+            self._call("log_metrics", lambda: self.mlflow.log_metrics({k: float(v) for k, v in metrics.items()},
+                                                                      step=step))
 
     def log_series(self, series: dict[str, list[float]]) -> None:
         """Curves (one value per step) in batches: one database write per 1000 points, not per point."""
@@ -105,16 +154,26 @@ class Tracker:
         points = [Metric(k, float(v), ts, i) for k, vs in series.items() for i, v in enumerate(vs)]
         client = self.mlflow.tracking.MlflowClient()
         for i in range(0, len(points), 1000):
-            client.log_batch(self.run_id, metrics=points[i:i + 1000])
+            self._call("log_batch", lambda i=i: client.log_batch(self.run_id, metrics=points[i:i + 1000]))
 
     def set_tags(self, tags: dict[str, str]) -> None:
-        if self.enabled:
-            self.mlflow.set_tags(tags)
+        self._call("set_tags", lambda: self.mlflow.set_tags(tags))
 
     def log_artifacts(self, run_dir: Path) -> None:
-        if self.enabled:
-            self.mlflow.log_artifacts(str(run_dir))
+        self._call("log_artifacts", lambda: self.mlflow.log_artifacts(str(run_dir)))
 
-    def end(self, ok: bool) -> None:
-        if self.enabled and self.run_id:
-            self.mlflow.end_run(status="FINISHED" if ok else "FAILED")
+    def log_artifact(self, path: Path) -> None:
+        self._call("log_artifact", lambda: self.mlflow.log_artifact(str(path)))
+
+    def end(self, ok: bool | str) -> None:
+        """ok: True (FINISHED), False (FAILED), or an MLflow status: FINISHED, FAILED, KILLED."""
+        if not self.run_id:
+            return
+        status = ok if isinstance(ok, str) else ("FINISHED" if ok else "FAILED")
+        if self.enabled:
+            self._call("end_run", lambda: self.mlflow.end_run(status=status))
+            return
+        try:  # lost mid-run: one last try, in case the store is back; never an error of its own
+            self.mlflow.end_run(status="FAILED")
+        except Exception:  # noqa: BLE001
+            log.warning("MLflow run %s could not be ended: it stays RUNNING in the store", self.run_id)

@@ -1,10 +1,12 @@
 """The engine on its own thread, fed by many: what an HTTP server (serving/server.py) puts in front of
 `LLMEngine`, which is single-threaded by design.
 
-One thread owns the engine and is the only one to call `add_request` and `step`, exactly as the
-in-process replay driver does; other threads `submit` through a thread-safe inbox and read their
-request's TokenEvents from a queue of its own. When the loop ends (shutdown, or the engine raised),
-every request not yet finished gets an `EngineDead` instead of hanging, and later submits are refused.
+One thread owns the engine and is the only one to call `add_request`, `abort_request` and `step`, exactly
+as the in-process replay driver does; other threads (or an event loop) `submit` through a thread-safe
+inbox and get their request's TokenEvents through an outbox of their own (anything with `put`: a
+`queue.Queue` for a handler thread, or a bridge into an event loop). `abort` drops a request whose client left, so its
+KV blocks go back to the pool at once. When the loop ends (shutdown, or the engine raised), every request
+not yet finished gets an `EngineDead` instead of hanging, and later submits are refused.
 """
 from __future__ import annotations
 
@@ -12,7 +14,8 @@ import logging
 import queue
 import threading
 import time
-from typing import TYPE_CHECKING, Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
     from engine.llm_engine import LLMEngine
@@ -25,46 +28,58 @@ class EngineDead(RuntimeError):
     """The engine thread is gone: the request cannot finish."""
 
 
+class Outbox(Protocol):
+    """Where a request's TokenEvents go, then a ValueError (refused) or EngineDead instead, if any."""
+
+    def put(self, item) -> None: ...
+
+
+@dataclass
+class _Submit:
+    request_id: str
+    prompt_token_ids: list[int]
+    params: object
+    arrival: float
+    out: Outbox
+
+
+@dataclass
+class _Abort:
+    request_id: str
+
+
 class EngineLoop:
     def __init__(self, engine: "LLMEngine"):
         self.engine = engine
         self.dead: str | None = None  # why the loop ended, once it has
+        self.aborted = 0  # requests dropped because their client left
         self._inbox: queue.Queue = queue.Queue()
-        self._streams: dict[str, queue.Queue] = {}
+        self._streams: dict[str, Outbox] = {}
         self._lock = threading.Lock()  # orders submit against the loop's end: nothing lands unanswered
         self._stop = threading.Event()
         self.thread = threading.Thread(target=self._run, name="engine-loop", daemon=True)
         self.thread.start()
 
-    def submit(self, request_id: str, prompt_token_ids: list[int], params) -> Iterator:
-        """Queue a request; iterate the result for its TokenEvents, in order, up to the finished one.
-        Iterating raises ValueError if the engine refused the request, EngineDead if the loop ended."""
-        out: queue.Queue = queue.Queue()
+    def submit(self, request_id: str, prompt_token_ids: list[int], params, out: Outbox) -> None:
+        """Queue a request; its TokenEvents go to `out` in order, up to the finished one. Raises EngineDead
+        if the loop has ended; a refusal by the engine (too long) arrives in `out` as a ValueError."""
         with self._lock:
             if self.dead is not None:
                 raise EngineDead(self.dead)
-            self._inbox.put((request_id, prompt_token_ids, params, time.monotonic(), out))
-        return self._events(out)
+            self._inbox.put(_Submit(request_id, prompt_token_ids, params, time.monotonic(), out))
+
+    def abort(self, request_id: str) -> None:
+        """The client left: stop generating for it and free its KV blocks (a no-op once it finished)."""
+        self._inbox.put(_Abort(request_id))
+
+    def busy(self) -> bool:
+        """Requests submitted, running or waiting to be aborted (read from any thread: a snapshot)."""
+        return bool(self._streams) or not self._inbox.empty()
 
     def stop(self, timeout: float = 10.0) -> None:
         self._stop.set()
         self._inbox.put(_STOP)  # wakes a loop blocked on an empty inbox
         self.thread.join(timeout)
-
-    # --- the reading side ---
-    def _events(self, out: queue.Queue) -> Iterator:
-        while True:
-            try:
-                item = out.get(timeout=5.0)
-            except queue.Empty:  # belt and braces: a dead loop always answers, but never wait on one
-                if self.dead is not None and not self.thread.is_alive() and out.empty():
-                    raise EngineDead(self.dead) from None
-                continue
-            if isinstance(item, BaseException):
-                raise item
-            yield item
-            if item.finished:
-                return
 
     # --- the engine thread ---
     def _run(self) -> None:
@@ -93,12 +108,17 @@ class EngineLoop:
         except queue.Empty:
             return
         while item is not _STOP:
-            request_id, prompt, params, arrival, out = item
-            try:
-                self.engine.add_request(request_id, prompt, params, arrival_time=arrival)
-                self._streams[request_id] = out
-            except ValueError as e:  # refused (too long): the client gets it, the loop goes on
-                out.put(e)
+            if isinstance(item, _Abort):
+                if self._streams.pop(item.request_id, None) is not None:
+                    self.engine.abort_request(item.request_id)
+                    self.aborted += 1
+            else:
+                try:
+                    self.engine.add_request(item.request_id, item.prompt_token_ids, item.params,
+                                            arrival_time=item.arrival)
+                    self._streams[item.request_id] = item.out
+                except ValueError as e:  # refused (too long): the client gets it, the loop goes on
+                    item.out.put(e)
             try:
                 item = self._inbox.get_nowait()
             except queue.Empty:
@@ -120,8 +140,8 @@ class EngineLoop:
                 item = self._inbox.get_nowait()
             except queue.Empty:
                 break
-            if item is not _STOP:
-                item[-1].put(EngineDead(why))
+            if isinstance(item, _Submit):
+                item.out.put(EngineDead(why))
         for out in self._streams.values():
             out.put(EngineDead(why))
         self._streams.clear()

@@ -1,11 +1,13 @@
-"""Paired bootstrap, record pairing and repeat pooling on synthetic numbers with known answers."""
+"""Paired intervals on synthetic numbers with known answers: the mean delta (scipy's paired BCa bootstrap,
+checked against a hand-written paired percentile bootstrap) and the run-pair latency interval, whose A/A
+coverage is simulated."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from abtest.stats import (Interval, bootstrap_mean_delta, bootstrap_quantile_delta, pair_records,
-                          pool_repeats)
+from abtest.run_pairs import align_runs, pair_interval, run_noise_from_aa
+from abtest.stats import Interval, bootstrap_mean_delta
 from traffic.request import RequestRecord
 
 
@@ -20,107 +22,131 @@ def latencies() -> np.ndarray:
     return np.random.default_rng(1).lognormal(mean=-1.0, sigma=0.8, size=300)
 
 
-@pytest.mark.parametrize("q", [0.5, 0.9, 0.99])
-def test_halved_latency_gives_exactly_minus_half(latencies: np.ndarray, q: float) -> None:
-    iv = bootstrap_quantile_delta(latencies, latencies * 0.5, q)
-    assert isinstance(iv, Interval)
-    assert iv.n == 300
-    # every resample halves every value, so the interval collapses onto the answer
-    assert iv.estimate == pytest.approx(-0.5, abs=1e-12)
-    assert iv.low == pytest.approx(-0.5, abs=1e-12) and iv.high == pytest.approx(-0.5, abs=1e-12)
+def percentile_bootstrap(c: np.ndarray, k: np.ndarray, n_boot: int, seed: int, alpha: float = 0.05):
+    """The paired percentile bootstrap the gates used before scipy's: one index draw for both arms."""
+    idx = np.random.default_rng(seed).integers(0, c.size, size=(n_boot, c.size))
+    deltas = k[idx].mean(axis=1) - c[idx].mean(axis=1)
+    return np.quantile(deltas, [alpha / 2, 1 - alpha / 2])
 
 
-def test_identical_arms_give_zero_interval(latencies: np.ndarray) -> None:
-    iv = bootstrap_quantile_delta(latencies, latencies.copy(), 0.99)
-    assert (iv.estimate, iv.low, iv.high) == (0.0, 0.0, 0.0)
+def test_scipy_bca_agrees_with_the_hand_written_paired_bootstrap_on_a_known_case() -> None:
+    rng = np.random.default_rng(5)
+    c = rng.normal(30.0, 8.0, 400)  # per-prompt scores, say
+    k = c + rng.normal(0.5, 2.0, 400)  # a true shift of +0.5 with symmetric noise
+    iv = bootstrap_mean_delta(c, k, n_boot=4000, seed=1)
+    low, high = percentile_bootstrap(c, k, 4000, seed=2)
+    se = np.std(k - c, ddof=1) / np.sqrt(c.size)  # normal theory, the known answer here
+    width = 2 * 1.96 * se
+    for got, ref, theory in ((iv.low, low, (k - c).mean() - 1.96 * se), (iv.high, high, (k - c).mean() + 1.96 * se)):
+        assert abs(got - ref) < 0.1 * width and abs(got - theory) < 0.1 * width
+    assert iv.estimate == pytest.approx((k - c).mean())
+
+
+def test_identical_and_exactly_shifted_arms_give_point_intervals(latencies: np.ndarray) -> None:
     iv = bootstrap_mean_delta(latencies, latencies.copy())
     assert (iv.estimate, iv.low, iv.high) == (0.0, 0.0, 0.0)
-
-
-def test_absolute_deltas(latencies: np.ndarray) -> None:
-    iv = bootstrap_quantile_delta(latencies, latencies + 0.25, 0.5, relative=False)
-    assert iv.low == pytest.approx(0.25) and iv.high == pytest.approx(0.25)
     iv = bootstrap_mean_delta(latencies, latencies - 1.0)
-    assert iv.estimate == pytest.approx(-1.0) and iv.low == pytest.approx(-1.0)
-
-
-def test_noisy_interval_covers_truth_and_pairing_narrows_it(latencies: np.ndarray) -> None:
-    noise = np.random.default_rng(2).normal(1.0, 0.05, latencies.size)
-    iv = bootstrap_quantile_delta(latencies, latencies * 0.8 * noise, 0.5)
-    assert iv.low < -0.2 < iv.high
-    assert iv.high < 0  # a 20% gain is clearly detected
-    # pairing removes the between-request spread (sigma 0.8) that dwarfs the per-request noise
-    assert iv.high - iv.low < 0.05
+    assert iv.estimate == pytest.approx(-1.0) and iv.low == pytest.approx(-1.0) and iv.high == pytest.approx(-1.0)
+    iv = bootstrap_mean_delta(latencies, latencies * 0.5, relative=True)
+    assert (iv.low, iv.high) == pytest.approx((-0.5, -0.5))
 
 
 def test_mean_delta_relative_and_seeded(latencies: np.ndarray) -> None:
     cand = latencies * np.random.default_rng(3).normal(1.1, 0.1, latencies.size)
     a = bootstrap_mean_delta(latencies, cand, relative=True, seed=7)
-    b = bootstrap_mean_delta(latencies, cand, relative=True, seed=7)
-    assert a == b
+    assert a == bootstrap_mean_delta(latencies, cand, relative=True, seed=7)
+    assert isinstance(a, Interval) and a.n == 300
     assert a.low < 0.1 < a.high
     assert a.estimate == pytest.approx(cand.mean() / latencies.mean() - 1)
 
 
-def test_large_trace_is_chunked_and_fast() -> None:
-    x = np.random.default_rng(4).random(50_000) + 0.1
-    iv = bootstrap_quantile_delta(x, x * 1.1, 0.99, n_boot=100)
-    assert iv.low == pytest.approx(0.1) and iv.high == pytest.approx(0.1)
-
-
 @pytest.mark.parametrize("kwargs, match", [
-    (dict(control=[1.0, 2.0], candidate=[1.0], q=0.5), "differ in length"),
-    (dict(control=[], candidate=[], q=0.5), "empty"),
-    (dict(control=[1.0], candidate=[1.0], q=1.5), "quantile q"),
-    (dict(control=[1.0], candidate=[1.0], q=0.5, alpha=0.0), "alpha"),
-    (dict(control=[0.0, 0.0], candidate=[1.0, 1.0], q=0.5), "control statistic is 0"),
-    (dict(control=[1.0, np.nan], candidate=[1.0, 1.0], q=0.5), "NaN"),
+    (dict(control=[1.0, 2.0], candidate=[1.0]), "differ in length"),
+    (dict(control=[], candidate=[]), "empty"),
+    (dict(control=[1.0], candidate=[1.0], alpha=0.0), "alpha"),
+    (dict(control=[0.0, 0.0], candidate=[1.0, 1.0], relative=True), "control statistic is 0"),
+    (dict(control=[1.0, np.nan], candidate=[1.0, 1.0]), "NaN"),
 ])
 def test_bad_input(kwargs: dict, match: str) -> None:
     with pytest.raises(ValueError, match=match):
-        bootstrap_quantile_delta(**kwargs)
+        bootstrap_mean_delta(**kwargs)
 
 
-def test_pair_records_aligns_by_id_and_counts_drops() -> None:
-    control = [rec("a", 0.1, 1.0), rec("b", 0.2, 2.0), rec("c", 0.3, 3.0), rec("d", 0.4, 4.0, ok=False),
-               rec("e", 0.5, 5.0, out=1)]
-    candidate = [rec("c", 0.15, 1.5), rec("a", 0.05, 0.5), rec("d", 0.2, 2.0), rec("e", 0.5, 5.0, out=1),
-                 rec("z", 0.1, 1.0)]
-    c, k, dropped = pair_records(control, candidate, "e2e")
-    assert c.tolist() == [1.0, 3.0, 5.0] and k.tolist() == [0.5, 1.5, 5.0]
-    assert dropped == 3  # b missing in candidate, d failed in control, z missing in control
-    c, k, dropped = pair_records(control, candidate, "tpot")
-    assert c.tolist() == pytest.approx([0.09, 0.27]) and k.tolist() == pytest.approx([0.045, 0.135])
+def test_align_runs_keeps_requests_ok_everywhere_and_counts_drops() -> None:
+    r0 = [rec("a", 0.1, 1.0), rec("b", 0.2, 2.0), rec("c", 0.3, 3.0), rec("d", 0.4, 4.0, ok=False),
+          rec("e", 0.5, 5.0, out=1)]
+    r1 = [rec("c", 0.15, 1.5), rec("a", 0.05, 0.5), rec("d", 0.2, 2.0), rec("e", 0.5, 5.0, out=1),
+          rec("z", 0.1, 1.0)]
+    values, dropped = align_runs([r0, r1], "e2e")
+    assert values.tolist() == [[1.0, 3.0, 5.0], [0.5, 1.5, 5.0]]
+    assert dropped == 3  # b missing in run 1, d failed in run 0, z missing in run 0
+    values, dropped = align_runs([r0, r1], "tpot")
+    np.testing.assert_allclose(values, [[0.09, 0.27], [0.045, 0.135]])
     assert dropped == 4  # e has one output token: no tpot
-
-
-def test_pair_records_rejects_unknown_metric_and_duplicates() -> None:
     with pytest.raises(ValueError, match="'itl'.*ttft, tpot, e2e"):
-        pair_records([], [], "itl")
+        align_runs([r0], "itl")
     with pytest.raises(ValueError, match="'a' appears twice"):
-        pair_records([rec("a", 0.1, 1.0), rec("a", 0.1, 1.0)], [], "e2e")
+        align_runs([[rec("a", 0.1, 1.0), rec("a", 0.1, 1.0)]], "e2e")
 
 
-def test_pool_repeats_takes_median_per_request() -> None:
-    repeats = [[rec("a", 0.1, 1.0), rec("b", 0.2, 2.0)],
-               [rec("b", 0.4, 9.0), rec("a", 0.3, 1.2)],
-               [rec("a", 0.2, 5.0), rec("b", 0.3, 2.2)]]
-    pooled = {r.id: r for r in pool_repeats(repeats)}
-    assert list(pooled) == ["a", "b"]
-    a = pooled["a"]
-    assert (a.ttft, a.e2e, a.repeats, a.ok) == (0.2, 1.2, 3, True)
-    # tpot is the median of the repeats' tpots, not a value derived from the other two medians
-    assert a.tpot == pytest.approx(np.median([0.09, 0.09, 0.48]))
-    assert pooled["b"].e2e == 2.2
-    c, k, dropped = pair_records(pool_repeats(repeats), repeats[0], "e2e")
-    assert c.tolist() == [1.2, 2.2] and dropped == 0
+@pytest.mark.parametrize("q", [None, 0.5, 0.99])
+def test_halved_latency_in_every_run(latencies: np.ndarray, q) -> None:
+    runs = np.stack([latencies, latencies * 1.05])
+    iv = pair_interval(runs, runs * 0.5, q, prior_sd=1e-4, prior_weight=4)
+    assert iv.estimate == pytest.approx(-0.5) and iv.pairs == 2 and iv.n == 300
+    assert iv.low == pytest.approx(-0.5, abs=1e-3) and iv.high == pytest.approx(-0.5, abs=1e-3)
 
 
-def test_pool_repeats_marks_a_request_failed_or_missing_anywhere_as_failed() -> None:
-    repeats = [[rec("a", 0.1, 1.0), rec("b", 0.2, 2.0)],
-               [rec("a", 0.1, 1.0, ok=False), rec("b", 0.2, 2.0)],
-               [rec("a", 0.1, 1.0)]]
-    pooled = {r.id: r for r in pool_repeats(repeats)}
-    assert not pooled["a"].ok and not pooled["b"].ok
-    with pytest.raises(ValueError, match="no repeats"):
-        pool_repeats([])
+def test_one_pair_without_a_prior_has_no_interval(latencies: np.ndarray) -> None:
+    with pytest.raises(ValueError, match="run-to-run noise is unmeasured"):
+        pair_interval(latencies[None], latencies[None] * 1.2, 0.99, prior_sd=None, prior_weight=4)
+
+
+def test_the_prior_and_the_pairs_own_spread_both_widen_it(latencies: np.ndarray) -> None:
+    one = pair_interval(latencies[None], latencies[None].copy(), 0.99, prior_sd=0.1, prior_weight=4)
+    assert one.low < 0 < one.high and one.run_sd == pytest.approx(0.1) and one.df == 4
+    # two pairs that disagree (+20% and -20%): their spread enters, the prior still counts
+    runs = np.stack([latencies, latencies])
+    cand = np.stack([latencies * 1.2, latencies / 1.2])
+    iv = pair_interval(runs, cand, 0.5, prior_sd=0.01, prior_weight=1)
+    assert iv.df == 2 and iv.run_sd > 0.15 and iv.low < -0.2 and iv.high > 0.2
+
+
+def simulate(rng, pairs: int, run_sd: float, slowdown: float = 0.0, prior=None, n: int = 32):
+    """Runs as a shared CPU makes them: every request of a run shares the run's luck, and each request has
+    a little of its own. The p99 of 32 requests is about their maximum, as in the default workload."""
+    base = rng.lognormal(0.0, 0.6, n)
+
+    def arm(factor: float) -> np.ndarray:
+        luck = np.exp(rng.normal(0, run_sd / np.sqrt(2), (pairs, 1)))
+        return base * factor * luck * rng.lognormal(0, 0.05, (pairs, n))
+
+    sd, weight = prior or (None, 0)
+    return pair_interval(arm(1.0), arm(1.0 + slowdown), 0.99, prior_sd=sd, prior_weight=weight, n_boot=200,
+                         seed=int(rng.integers(1 << 30)))
+
+
+@pytest.fixture(scope="module")
+def calibrated():
+    """What an A/A sweep of 20 seeds gives the gate: the noise of one pair, measured (two pairs each)."""
+    rng = np.random.default_rng(10)
+    sweep = [simulate(rng, 2, run_sd=0.08) for _ in range(20)]
+    return run_noise_from_aa([d for iv in sweep for d in iv.pair_log_ratios])
+
+
+@pytest.mark.parametrize("pairs", [1, 2])
+def test_aa_intervals_cover_zero_about_95_percent_of_the_time(pairs: int, calibrated) -> None:
+    rng = np.random.default_rng(11)
+    ivs = [simulate(rng, pairs, run_sd=0.08, prior=calibrated) for _ in range(300)]
+    coverage = np.mean([iv.low <= 0 <= iv.high for iv in ivs])
+    assert 0.92 <= coverage <= 0.99, coverage
+    # the bootstrap over requests alone (what the gate did before) misses zero far more often
+    request_only = np.mean([abs(np.mean(iv.pair_log_ratios)) <= 1.96 * np.sqrt(iv.request_var) for iv in ivs])
+    assert request_only < 0.6
+
+
+def test_a_known_slowdown_is_detected(calibrated) -> None:
+    rng = np.random.default_rng(12)
+    ivs = [simulate(rng, 2, run_sd=0.08, slowdown=0.5, prior=calibrated) for _ in range(50)]
+    assert np.mean([iv.low > 0.10 for iv in ivs]) > 0.9
+    assert np.median([iv.estimate for iv in ivs]) == pytest.approx(0.5, abs=0.05)

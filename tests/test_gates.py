@@ -2,10 +2,12 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import pytest
+
 
 from abtest.gates import METRICS, GateConfig, higher_is_better, validate_metric
 from abtest.rollout import current, promote, rollback, rollout_plan
@@ -17,6 +19,8 @@ QUALITY = ("quality/bleu_vs_ref", "quality/rouge1_vs_ref", "quality/rouge2_vs_re
 RNG = np.random.default_rng(0)
 E2E = RNG.lognormal(0.0, 0.5, 200)  # seconds, per request
 SCORES = RNG.uniform(20, 60, 200)  # per-prompt quality
+# run-to-run noise as an A/A sweep on a quiet machine might measure it (a latency gate needs some)
+QUIET = {f"perf/{m}": 0.01 for m in ("e2e_ms_p99", "e2e_ms_p50", "tpot_ms_p50", "ttft_ms_mean")}
 
 
 def arm(name: str, e2e: np.ndarray = E2E, scores: np.ndarray = SCORES, extra: dict | None = None,
@@ -36,7 +40,7 @@ def by_name(verdict) -> dict:
 
 
 def test_identical_arms_pass() -> None:
-    v = decide(arm("control"), arm("candidate"), GateConfig(), candidate_lossless=False)
+    v = decide(arm("control"), arm("candidate"), GateConfig(run_noise=QUIET), candidate_lossless=False)
     assert (v.status, v.exit_code) == ("pass", 0)
     q = by_name(v)["quality_non_inferiority:quality/bleu_vs_ref"]
     assert (q.interval.low, q.interval.high) == (0.0, 0.0)
@@ -58,14 +62,14 @@ def test_noisy_tiny_samples_are_inconclusive() -> None:
     noise = rng.normal(0, 15, 12)
     cand = ctrl + noise - noise.mean()  # no change on average, but far too noisy to show it
     e2e = rng.lognormal(0, 0.5, 12)
-    cfg = GateConfig(latency_max_regression={"perf/e2e_ms_p50": 0.0}, control_agreement_min={})
+    cfg = GateConfig(latency_max_regression={"perf/e2e_ms_p50": 0.0}, control_agreement_min={}, run_noise=QUIET)
     v = decide(arm("c", e2e, ctrl), arm("k", e2e * rng.lognormal(0, 0.4, 12), cand), cfg, False)
     assert (v.status, v.exit_code) == ("inconclusive", 2)
     assert {g.status for g in v.gates} == {"inconclusive"}
     # fewer requests than gate.min_pairs: inconclusive however the interval looks
-    v = decide(arm("c", E2E[:5]), arm("k", E2E[:5] * 2), GateConfig(quality_margins_rel={}, control_agreement_min={}),
-               False)
-    assert v.exit_code == 2 and "only 5 paired requests" in v.gates[0].reason
+    v = decide(arm("c", E2E[:5]), arm("k", E2E[:5] * 2), GateConfig(quality_margins_rel={}, control_agreement_min={},
+                                                                run_noise=QUIET), False)
+    assert v.exit_code == 2 and "only 5 requests ok in every run" in v.gates[0].reason
 
 
 def test_unmeasured_metric_is_inconclusive_never_pass() -> None:
@@ -84,7 +88,7 @@ def test_unmeasured_metric_is_inconclusive_never_pass() -> None:
 
 def test_latency_gates_on_paired_bootstrap() -> None:
     cfg = GateConfig(latency_gains={"perf/tpot_ms_p50": 0.3, "perf/ttft_ms_mean": 0.0},
-                     latency_max_regression={"perf/e2e_ms_p99": 0.10})
+                     latency_max_regression={"perf/e2e_ms_p99": 0.10}, run_noise=QUIET)
     v = decide(arm("c"), arm("k", E2E * 0.5), cfg, False)
     assert v.status == "pass"
     g = by_name(v)["latency_gain:perf/tpot_ms_p50"]
@@ -94,9 +98,35 @@ def test_latency_gates_on_paired_bootstrap() -> None:
     assert by_name(v)["latency_max_regression:perf/e2e_ms_p99"].status == "fail"
 
 
+def with_runs(a: ArmResult, *factors: float) -> ArmResult:
+    """The arm run once per factor, every request of a run scaled by it (one run's luck)."""
+    a.runs = [[replace(r, sent_at=0.0, first_token_at=r.first_token_at * f, finished_at=r.finished_at * f)
+               for r in a.records] for f in factors]
+    return a
+
+
+def test_latency_needs_run_to_run_noise_from_repeats_or_an_aa_prior() -> None:
+    cfg = GateConfig(quality_margins_rel={}, control_agreement_min={})
+    v = decide(arm("c"), arm("k"), cfg, False)  # one run each, no prior: identical, and still undecided
+    assert v.status == "inconclusive" and "run-to-run noise is unmeasured" in v.gates[0].reason
+    # two pairs whose luck differs by 6% in opposite directions: identical arms, yet not a pass at 10%
+    v = decide(with_runs(arm("c"), 1.0, 1.06), with_runs(arm("k"), 1.06, 1.0), cfg, False)
+    g = v.gates[0]
+    assert g.status == "inconclusive" and g.interval.pairs == 2 and g.interval.low < 0 < g.interval.high
+    assert "over 2 run pair(s)" in g.reason
+    # the same pairs with a consistent 30% slowdown: that is decided
+    v = decide(with_runs(arm("c"), 1.0, 1.02), with_runs(arm("k"), 1.3, 1.3 * 1.02), cfg, False)
+    assert v.status == "fail" and v.gates[0].interval.estimate == pytest.approx(0.3)
+    # and a prior from an A/A sweep lets a single pair decide a large change
+    one = GateConfig(quality_margins_rel={}, control_agreement_min={}, run_noise={"perf/e2e_ms_p99": 0.05},
+                     run_noise_weight=19)
+    assert decide(arm("c"), arm("k", E2E * 1.5), one, False).status == "fail"
+    assert decide(arm("c"), arm("k", E2E * 1.05), one, False).status == "inconclusive"
+
+
 def test_point_value_gates_exact_match_and_memory() -> None:
     cfg = GateConfig(latency_gains={"perf/throughput_req_s": 0.1},
-                     memory_ceilings_gb={"perf/peak_mem_gb": 80})
+                     memory_ceilings_gb={"perf/peak_mem_gb": 80}, run_noise=QUIET)
     ctrl = arm("c", extra={"perf/peak_mem_gb": 70.0})
     ok = arm("k", E2E * 0.5, extra={"perf/peak_mem_gb": 79.0, "quality/exact_match_vs_control": 1.0})
     v = decide(ctrl, ok, cfg, candidate_lossless=True)
@@ -149,7 +179,7 @@ def test_metric_set_and_directions() -> None:
 
 
 def test_rollout_plan_only_for_pass() -> None:
-    v = decide(arm("c"), arm("k"), GateConfig(), False)
+    v = decide(arm("c"), arm("k"), GateConfig(run_noise=QUIET), False)
     plan = rollout_plan(v, "k")
     assert [s["candidate_weight_pct"] for s in plan["stages"]] == [1, 5, 25, 50, 100]
     assert "latency_max_regression:perf/e2e_ms_p99" in plan["stages"][0]["recheck_gates"]

@@ -29,13 +29,13 @@ def server():
         yield handle
 
 
-def post(url: str, body, raw: bytes | None = None):
+def post(url: str, body, raw: bytes | None = None, headers: dict | None = None):
     """(status, parsed JSON body) or, for an SSE stream, (status, list of event payloads as they came)."""
     data = raw if raw is not None else json.dumps(body).encode()
-    req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
+    req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json", **(headers or {})})
     try:
         with urllib.request.urlopen(req, timeout=60) as r:
-            if r.headers.get("Content-Type") == "text/event-stream":
+            if r.headers.get("Content-Type", "").startswith("text/event-stream"):
                 events = [line[len(b"data: "):].strip() for line in r if line.startswith(b"data: ")]
                 return r.status, [e.decode() if e == b"[DONE]" else json.loads(e) for e in events]
             return r.status, json.loads(r.read())
@@ -88,7 +88,7 @@ def test_stream_and_whole_response_agree_greedily(server):
 
 
 def test_text_prompt_is_tokenized(server):
-    tok = server.httpd.tokenizer
+    tok = server.tokenizer
     text = "Replay real traffic with its real lengths."
     status, out = completions(server, prompt=text, max_tokens=3)
     assert status == 200 and out["usage"]["prompt_tokens"] == len(tok.encode(text))
@@ -104,7 +104,7 @@ def test_too_long_prompt_is_refused_with_the_reason(server):
 
 
 def test_chat_goes_through_the_chat_template(server):
-    tok = server.httpd.tokenizer
+    tok = server.tokenizer
     messages = [{"role": "user", "content": "What is paged attention?"}]
     want = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
     want = len(want["input_ids"] if hasattr(want, "keys") else want)

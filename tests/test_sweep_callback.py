@@ -27,12 +27,13 @@ def job(status: JobStatus) -> JobReturn:
 def sweep(uri: str, *statuses: JobStatus) -> str:
     cfg, cb = sweep_config(uri), MLflowSweepCallback()
     cb.on_multirun_start(cfg)
-    assert os.environ[PARENT_ENV] == cb.parent_run_id  # each job's Tracker nests under it
+    parent = cb.parent_run_id
+    assert parent and os.environ[PARENT_ENV] == parent  # each job's Tracker nests under it
     for status in statuses:
         cb.on_job_end(cfg, job(status))
     cb.on_multirun_end(cfg)
-    assert PARENT_ENV not in os.environ
-    return cb.parent_run_id
+    assert PARENT_ENV not in os.environ and cb.parent_run_id is None  # closed once (not again at exit)
+    return parent
 
 
 def test_the_parent_run_fails_when_any_job_failed(tmp_path, monkeypatch):
