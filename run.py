@@ -6,22 +6,30 @@
     python run.py -m '+opt=glob(*)'              a sweep: one MLflow parent run, a child run per job
     python run.py +ab=batched_decode             control vs candidate, gated: exit 0 pass, 1 fail, 2 inconclusive
     python run.py +ladder=seed                   one more opt per rung, each gated against the one before
+
+A bad config or bad data prints one line, `optladder: error: ...`, and exits 3 (experiments/errors.py);
+--verbose (or HYDRA_FULL_ERROR=1) shows the traceback instead.
 """
 from __future__ import annotations
 
 import logging
+import os
 import sys
 from pathlib import Path
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
+from hydra.errors import CompactHydraException
+from hydra.types import RunMode
 from omegaconf import DictConfig
 
+from experiments.errors import PREFIX, USER_ERROR_EXIT, UserError, one_line
 from experiments.schema import register
 
 register()
 log = logging.getLogger("optladder")
 _exit = [0]  # Hydra drops the task's return value; an A/B's verdict is the process's exit status
+_verbose = [False]  # --verbose or HYDRA_FULL_ERROR=1: a user error shows its traceback
 
 
 ARM_KEYS = ("ab.control=", "ab.candidate=", "+ab.control=", "+ab.candidate=")
@@ -54,6 +62,21 @@ def quote_arm_overrides(argv: list[str]) -> list[str]:
 def main(cfg: DictConfig) -> int:
     hc = HydraConfig.get()
     run_dir = Path(hc.runtime.output_dir)
+    try:
+        _exit[0] = _run(cfg, hc, run_dir)
+    except UserError as e:
+        # caught here, not left to Hydra: it would add its own lines, and a sweep goes on with its next job
+        if _verbose[0]:
+            raise
+        job = f"[job {hc.job.num}: {' '.join(hc.overrides.task)}] " if hc.mode == RunMode.MULTIRUN else ""
+        print(f"{PREFIX}{job}{e}", file=sys.stderr)
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / "error.txt").write_text(f"{e}\n")
+        _exit[0] = USER_ERROR_EXIT
+    return _exit[0]
+
+
+def _run(cfg: DictConfig, hc, run_dir: Path) -> int:
     overrides = list(hc.overrides.task)
     choices = {k: v for k, v in hc.runtime.choices.items() if not k.startswith("hydra")}
     if cfg.ab is not None or cfg.ladder is not None:
@@ -61,19 +84,44 @@ def main(cfg: DictConfig) -> int:
         from experiments.ladder_run import run_ladder
 
         runner = run_ab if cfg.ab is not None else run_ladder
-        _exit[0] = runner(cfg, run_dir, overrides, choices)
-        return _exit[0]
+        return runner(cfg, run_dir, overrides, choices)
     from experiments.experiment import run_experiment
     from experiments.report import footer, results_table
 
-    result = run_experiment(cfg, run_dir, overrides, choices)
+    tags: dict[str, str] = {}
+    if hc.mode == RunMode.MULTIRUN:
+        from experiments.sweep import sweep_job
+
+        tags = sweep_job(cfg, run_dir, overrides)
+        if tags is None:  # skipped, and recorded as such
+            return 0
+    result = run_experiment(cfg, run_dir, overrides, choices, tags=tags)
     print()
     print(results_table(result.metrics, f"optladder: {', '.join(result.opts) or 'baseline'} on {cfg.model.name}"))
     print(footer(result.run_id, run_dir, cfg.tracking))
     return 0
 
 
-if __name__ == "__main__":
-    sys.argv = quote_arm_overrides(sys.argv)
-    main()
+def cli() -> None:
+    from experiments.callbacks import finish_active_sweep
+
+    argv = quote_arm_overrides(sys.argv)
+    _verbose[0] = "--verbose" in argv or os.environ.get("HYDRA_FULL_ERROR") == "1"
+    sys.argv = [a for a in argv if a != "--verbose"]
+    os.environ["HYDRA_FULL_ERROR"] = "1"  # Hydra re-raises what it catches; what the user sees is decided here
+    try:
+        main()
+    except (UserError, CompactHydraException) as e:  # a config that does not compose is a user error too
+        finish_active_sweep()
+        if _verbose[0]:
+            raise
+        print(PREFIX + one_line(e), file=sys.stderr)
+        sys.exit(USER_ERROR_EXIT)
+    except BaseException:
+        finish_active_sweep()
+        raise
     sys.exit(_exit[0])
+
+
+if __name__ == "__main__":
+    cli()

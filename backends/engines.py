@@ -8,6 +8,7 @@ from typing import Callable, Protocol
 
 from tqdm import tqdm
 
+from backends.profiling import ProfiledEngine
 from engine.config import ENGINES, EngineConfig, ModelConfig
 from engine.sequence import SamplingParams
 from traffic.replay import InProcessDriver, ReplayConfig
@@ -48,6 +49,11 @@ class ReferenceBackend:
         # locust: the same engine behind serving/server.py, replayed over HTTP from another process
         self.driver, self.request_timeout_s = driver, request_timeout_s
         self.model_name, self.host = model_cfg.name, engine_cfg.server.host
+        self._profile = None
+
+    def profile_next_replay(self, cfg, out_dir) -> None:
+        """Record a torch profiler trace in the middle of the next replay (backends/profiling.py)."""
+        self._profile = (cfg, out_dir)
 
     @staticmethod
     def _replay_params(r: Request) -> SamplingParams:
@@ -63,7 +69,7 @@ class ReferenceBackend:
     def replay(self, requests, cfg, on_record):
         if self.driver == "locust":
             return self._replay_http(requests, cfg, on_record)
-        return InProcessDriver(self.engine, self._replay_params, on_record).replay(requests, cfg)
+        return _replay_inprocess(self, requests, cfg, on_record)
 
     def _replay_http(self, requests, cfg, on_record):
         from serving.server import serve
@@ -113,6 +119,7 @@ class HFBackend:
         self.engine = HFEngine(model_cfg, engine_cfg)
         self.tokenizer = self.engine.tokenizer
         self.load_s, self.start_s = self.engine.load_s, self.engine.start_s
+        self._profile = None
 
     def warmup(self, requests: list[Request]) -> None:
         if requests:
@@ -120,7 +127,10 @@ class HFBackend:
         self.engine.reset_stats()
 
     def replay(self, requests, cfg, on_record):
-        return InProcessDriver(self.engine, ReferenceBackend._replay_params, on_record).replay(requests, cfg)
+        return _replay_inprocess(self, requests, cfg, on_record)
+
+    def profile_next_replay(self, cfg, out_dir) -> None:
+        self._profile = (cfg, out_dir)
 
     def generate(self, prompts, max_new_tokens, progress=True):
         with tqdm(total=len(prompts), desc="quality", unit="prompt", disable=not progress) as bar:
@@ -134,6 +144,18 @@ class HFBackend:
 
     def close(self) -> None:
         self.engine.close()
+
+
+def _replay_inprocess(backend, requests, cfg, on_record):
+    """The in-process driver over the backend's engine, wrapped by the profiler when one is armed."""
+    engine, armed, backend._profile = backend.engine, backend._profile, None
+    if armed is not None:
+        engine = ProfiledEngine(engine, armed[0], len(requests) // 2 + 1, armed[1])
+    try:
+        return InProcessDriver(engine, ReferenceBackend._replay_params, on_record).replay(requests, cfg)
+    finally:
+        if armed is not None:
+            engine.finish()  # a replay shorter than the profiled steps still leaves its trace
 
 
 class _HttpBackend:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from hydra import compose
@@ -16,11 +16,16 @@ from abtest.lossless import arms_lossless
 from abtest.rollout import DEFAULT_REGISTRY, promote, rollout_plan
 from abtest.stats import pool_repeats
 from abtest.verdict import ArmResult, Verdict, check_same_traffic, decide, verdict_table
+from engine.loader import resolve_device
+from engine.validation import validate_engine
+from experiments.errors import as_user_error
 from experiments.experiment import ExperimentResult, run_experiment
+from experiments.preflight import Prepared, prepare
 from experiments.tracking import Tracker
-from quality.prompts import load_prompt_set
+from quality.prompts import load_prompt_set, prompts_digest
 from quality.review import write_review_html
 from quality.scoring import score_vs_control, to_metrics
+from traffic.request import requests_digest
 
 log = logging.getLogger(__name__)
 
@@ -31,6 +36,7 @@ class Arm:
     overrides: list[str]
     cfg: DictConfig
     runs: list[ExperimentResult]
+    prepared: Prepared | None = field(default=None, repr=False)  # the arm's data, checked before any arm runs
 
     @property
     def resolved(self) -> dict:
@@ -44,11 +50,40 @@ def base_overrides(overrides: list[str]) -> list[str]:
 
 
 def compose_arm(base: list[str], extra: list[str]) -> DictConfig:
-    return compose(config_name="config", overrides=[*base, *extra])
+    with as_user_error():
+        return compose(config_name="config", overrides=[*base, *extra])
 
 
 def gate_config(cfg: DictConfig) -> GateConfig:
     return GateConfig.from_dict(OmegaConf.to_container(cfg.gate, resolve=True))
+
+
+def prepare_arms(arms: list[Arm]) -> None:
+    """Every arm's config and data checked, and their traffic compared, before the first arm runs: a
+    mistake in the candidate must not cost the control's whole replay."""
+    for arm in arms:
+        with as_user_error():
+            conf = OmegaConf.to_object(arm.cfg)
+        arm.prepared = prepare(conf)
+    first = arms[0]
+    for arm in arms[1:]:
+        with as_user_error():
+            check_same_traffic(_digests(first), _digests(arm))
+
+
+def _digests(arm: Arm) -> ArmResult:
+    p = arm.prepared
+    return ArmResult(arm.name, {}, [], {}, [], requests_digest(p.workload.requests), prompts_digest(p.items))
+
+
+def check_rung_engines(cfgs: list[DictConfig]) -> None:
+    """A ladder's rung configs refused up front where the engine cannot run them (a CUDA-only opt on a CPU,
+    a missing prerequisite), not after the rungs before them ran."""
+    for cfg in cfgs:
+        with as_user_error():
+            engine = OmegaConf.to_object(cfg.engine)
+            if engine.name == "reference":
+                validate_engine(engine, resolve_device(engine.device).type)
 
 
 def run_arms(arms: list[Arm], repeats: int, out_dir: Path, parent_run_id: str | None) -> None:
@@ -58,7 +93,7 @@ def run_arms(arms: list[Arm], repeats: int, out_dir: Path, parent_run_id: str | 
             tags = {"optladder.arm": arm.name, "optladder.repeat": str(r)}
             res = run_experiment(arm.cfg, out_dir / f"{arm.name}-r{r}", overrides=arm.overrides,
                                  run_name=f"{arm.name} (repeat {r})", parent_run_id=parent_run_id, tags=tags,
-                                 with_quality=(r == 0))
+                                 with_quality=(r == 0), prepared=arm.prepared)
             arm.runs.append(res)
 
 
@@ -91,6 +126,7 @@ def run_ab(cfg: DictConfig, run_dir: Path, overrides: list[str], choices: dict) 
     base = base_overrides(overrides)
     control = Arm("control", [*base, *ab.control], compose_arm(base, list(ab.control)), [])
     candidate = Arm("candidate", [*base, *ab.candidate], compose_arm(base, list(ab.candidate)), [])
+    prepare_arms([control, candidate])
     parent = Tracker(OmegaConf.to_object(cfg.tracking), f"ab:{ab.name}", {"optladder.kind": "ab", "ab": ab.name})
     ok = False
     try:
@@ -122,7 +158,7 @@ def run_ab(cfg: DictConfig, run_dir: Path, overrides: list[str], choices: dict) 
 def _review(cfg: DictConfig, run_dir: Path, control: Arm, candidate: Arm) -> None:
     """The human spot check: prompts side by side, the ones whose outputs differ first."""
     qcfg = OmegaConf.to_object(cfg.quality)
-    items = load_prompt_set(qcfg, cfg.data.root)
+    items = control.prepared.items if control.prepared else load_prompt_set(qcfg, cfg.data.root)
     write_review_html(run_dir / "review.html", items, control.runs[0].outputs, candidate.runs[0].outputs,
                       n=qcfg.review_prompts,
                       title=f"optladder review: {' '.join(control.overrides) or 'base'} vs "

@@ -1,49 +1,122 @@
-"""A Hydra multirun becomes one MLflow parent run with a child run per job."""
+"""A Hydra multirun becomes one MLflow parent run with a child run per job.
+
+The parent is named by what the sweep sweeps (`sweep: +opt=glob(*), seed=1,2`), not by the whole command
+line (the rest is in its tags). The jobs learn the swept keys from the environment, to put their values in
+their own names and tags. At the end the parent gets sweep.md (each job: ran, skipped and why, or failed)
+and, where the jobs ran load levels, their latency-throughput curves and Pareto frontier.
+"""
 from __future__ import annotations
 
+import json
 import os
+from pathlib import Path
 from typing import Any
 
 from hydra.experimental.callback import Callback
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
-from experiments.tracking import PARENT_ENV, resolve_uri
+from experiments.levels import read_levels
+from experiments.load_curves import write_load_curves
+from experiments.sweep import SKIPPED_FILE, SWEEP_KEYS_ENV, sweep_overrides, swept_keys
+from experiments.tracking import PARENT_ENV, ensure_experiment, resolve_uri
+
+_active: list["MLflowSweepCallback"] = []  # the running sweep, for run.py to close when a job raised
 
 
 class MLflowSweepCallback(Callback):
     def __init__(self) -> None:
         self.parent_run_id: str | None = None
         self.failed = 0
+        self.jobs: list[dict] = []
+        self.sweep_dir: Path | None = None
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        task = list(config.hydra.overrides.task) if "hydra" in config else []
+        preset = OmegaConf.select(config, "hydra.sweeper.params") or {}
+        lines = sweep_overrides(task) + [f"{k}={v}" for k, v in preset.items()]
+        os.environ[SWEEP_KEYS_ENV] = json.dumps(swept_keys(lines))
+        self.sweep_dir = Path(config.hydra.sweep.dir)
+        _active[:] = [self]
         if not config.tracking.enabled:
             return
         import mlflow
         from mlflow.tracking import MlflowClient
 
-        from experiments.snapshot import PROJECT_ROOT
-
         mlflow.set_tracking_uri(resolve_uri(config.tracking.uri))
         client = MlflowClient()
-        exp = client.get_experiment_by_name(config.tracking.experiment)
-        exp_id = exp.experiment_id if exp else client.create_experiment(
-            config.tracking.experiment, artifact_location=(PROJECT_ROOT / "mlartifacts").as_uri())
-        sweep = " ".join(config.hydra.overrides.task) if "hydra" in config else ""
-        run = client.create_run(exp_id, run_name=f"sweep: {sweep}"[:250] or "sweep",
-                                tags={"optladder.kind": "sweep", "sweep_dir": str(config.hydra.sweep.dir)})
+        exp_id = ensure_experiment(client, config.tracking)
+        name = f"sweep: {', '.join(lines)}" if lines else "sweep"
+        run = client.create_run(exp_id, run_name=name[:250],
+                                tags={"optladder.kind": "sweep", "sweep_dir": str(self.sweep_dir),
+                                      "sweep.overrides": " ".join(task)[:5000], "sweep.swept": ", ".join(lines)})
         self.parent_run_id = run.info.run_id
         os.environ[PARENT_ENV] = self.parent_run_id
 
     def on_job_end(self, config: DictConfig, job_return: Any, **kwargs: Any) -> None:
         from hydra.core.utils import JobStatus
 
+        out = Path(job_return.hydra_cfg.hydra.runtime.output_dir) if job_return.hydra_cfg else None
+        job = {"job": len(self.jobs), "overrides": " ".join(job_return.overrides or []), "dir": out}
         if getattr(job_return, "status", None) == JobStatus.FAILED:
             self.failed += 1
+            job["status"] = f"failed: {job_return._return_value!r:.200}"
+        else:
+            job["status"] = _job_status(out)
+            self.failed += job["status"].startswith("failed")
+        self.jobs.append(job)
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        self.finish()
+
+    def finish(self) -> None:
+        """sweep.md, the load curves and the parent's status; also called by run.py when a job raised."""
+        _active[:] = []
+        os.environ.pop(SWEEP_KEYS_ENV, None)
+        os.environ.pop(PARENT_ENV, None)
+        if self.sweep_dir is None:
+            return
+        self.sweep_dir.mkdir(parents=True, exist_ok=True)
+        table = sweep_table(self.jobs)
+        (self.sweep_dir / "sweep.md").write_text(table)
+        print(table)
+        curves = {_job_label(j): read_levels(j["dir"]) for j in self.jobs if j["dir"] is not None}
+        written = write_load_curves({k: v for k, v in curves.items() if v}, self.sweep_dir)
         if self.parent_run_id is None:
             return
         from mlflow.tracking import MlflowClient
 
-        MlflowClient().set_terminated(self.parent_run_id, status="FAILED" if self.failed else "FINISHED")
-        os.environ.pop(PARENT_ENV, None)
+        client = MlflowClient()
+        for path in [self.sweep_dir / "sweep.md", *written]:
+            client.log_artifact(self.parent_run_id, str(path))
+        client.set_terminated(self.parent_run_id, status="FAILED" if self.failed else "FINISHED")
+        self.parent_run_id = None
+
+
+def _job_status(out: Path | None) -> str:
+    if out is None:
+        return "unknown"
+    if (out / SKIPPED_FILE).is_file():
+        return "skipped: " + json.loads((out / SKIPPED_FILE).read_text())["skipped"]
+    if (out / "summary.json").is_file() or (out / "verdict.json").is_file() or (out / "ladder.json").is_file():
+        return "ran"
+    err = out / "error.txt"
+    return "failed: " + (err.read_text().strip().splitlines() or [""])[-1][:200] if err.is_file() else "failed"
+
+
+def _job_label(job: dict) -> str:
+    summary = Path(job["dir"]) / "summary.json"
+    name = json.loads(summary.read_text()).get("run_name") if summary.is_file() else None
+    return name or f"job {job['job']}"
+
+
+def sweep_table(jobs: list[dict]) -> str:
+    lines = ["| job | overrides | outcome | run dir |", "|---|---|---|---|"]
+    lines += [f"| {j['job']} | `{j['overrides']}` | {j['status']} | {j['dir']} |" for j in jobs]
+    return "\n".join(lines) + "\n"
+
+
+def finish_active_sweep() -> None:
+    """Close the parent run of a sweep a job's exception cut short (Hydra skips on_multirun_end then)."""
+    for cb in list(_active):
+        cb.failed = max(cb.failed, 1)
+        cb.finish()

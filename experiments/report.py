@@ -29,6 +29,14 @@ def results_table(metrics: dict[str, float], title: str) -> str:
     return "\n".join(lines)
 
 
+def results_markdown(metrics: dict[str, float], title: str) -> str:
+    """The headline table in Markdown: results.md, an artifact of every run."""
+    lines = [f"# {title}", "", "| metric | value |", "|---|---|"]
+    for label, a, b in ROWS:
+        lines.append(f"| {label} | {_fmt(metrics.get(a))}{'' if b is None else ' / ' + _fmt(metrics.get(b))} |")
+    return "\n".join(lines) + "\n"
+
+
 def footer(run_id: str | None, run_dir, tracking_cfg) -> str:
     lines = [f"run directory: {run_dir}"]
     if run_id:

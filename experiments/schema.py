@@ -10,9 +10,11 @@ from hydra.core.config_store import ConfigStore
 
 from abtest.gates import GateConfig
 from backends import DRIVERS
+from backends.profiling import ProfileConfig
 from engine.config import EngineConfig, ModelConfig
 from quality.prompts import QualityConfig
 from traffic.capacity import MODES as CAPACITY_MODES, validate_search
+from traffic.load_levels import validate_levels
 from traffic.metrics import SLO
 from traffic.workload import WorkloadConfig
 
@@ -37,6 +39,9 @@ class ReplaySection:
     capacity_hi: float = 64.0
     capacity_iters: int = 6  # bisection probes after lo and hi
     capacity_requests: int = 32  # per probe, the workload's first requests (cycled if fewer)
+    # after the main replay, the same requests at each load: time scales (arrival=trace), rates in req/s
+    # (poisson, gamma) or concurrencies (closed); traffic/load_levels.py
+    load_levels: list[float] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if self.driver not in DRIVERS:
@@ -50,6 +55,7 @@ class ReplaySection:
         validate_search(self.capacity_lo, self.capacity_hi, self.capacity_mode, self.capacity_iters)
         if self.capacity_requests < 1:
             raise ValueError(f"replay.capacity_requests must be >= 1, got {self.capacity_requests}")
+        validate_levels(list(self.load_levels), "poisson")  # the arrival-specific check runs with the workload
 
 
 @dataclass
@@ -58,6 +64,7 @@ class TrackingConfig:
     uri: str = "sqlite:///mlflow.db"  # relative paths are taken from the project root
     experiment: str = "optladder"
     run_name: Optional[str] = None
+    artifact_location: Optional[str] = None  # a new experiment's; None: beside a SQLite database, else the server's
     system_metrics: bool = True
     system_metrics_interval_s: float = 2.0
 
@@ -109,6 +116,7 @@ class Config:
     seed: int = 0
     ab: Optional[ABConfig] = None
     ladder: Optional[LadderConfig] = None
+    profile: Optional[ProfileConfig] = None  # +profile=torch: a torch profiler trace of the replay's middle
     extra: dict[str, Any] = field(default_factory=dict)
 
 

@@ -20,6 +20,24 @@ def resolve_uri(uri: str) -> str:
     return uri
 
 
+def artifact_location(cfg) -> str | None:
+    """Where a new experiment keeps its artifacts: tracking.artifact_location if set; beside the database
+    for a SQLite store (the project's own mlartifacts/ for the default one); else the tracking server's or
+    MLflow's own default (None), so a shared server keeps artifacts where it serves them from."""
+    if cfg.artifact_location:
+        return cfg.artifact_location
+    uri = resolve_uri(cfg.uri)
+    if uri.startswith("sqlite:///"):
+        return (Path(uri[len("sqlite:///"):]).parent / "mlartifacts").as_uri()
+    return None
+
+
+def ensure_experiment(client, cfg) -> str:
+    """The experiment's id, created on first use with its artifact location."""
+    exp = client.get_experiment_by_name(cfg.experiment)
+    return exp.experiment_id if exp else client.create_experiment(cfg.experiment, artifact_location(cfg))
+
+
 def flatten(d, prefix: str = "") -> dict[str, str]:
     out: dict[str, str] = {}
     for k, v in d.items():
@@ -37,21 +55,19 @@ class Tracker:
     def __init__(self, cfg, run_name: str, tags: dict[str, str], parent_run_id: str | None = None):
         self.enabled = cfg.enabled
         self.run_id: str | None = None
+        self.run_name = cfg.run_name or run_name
         if not self.enabled:
             return
         import mlflow
 
         self.mlflow = mlflow
         mlflow.set_tracking_uri(resolve_uri(cfg.uri))
-        exp = mlflow.get_experiment_by_name(cfg.experiment)
-        if exp is None:
-            artifacts = (PROJECT_ROOT / "mlartifacts").as_uri()
-            mlflow.create_experiment(cfg.experiment, artifact_location=artifacts)
+        ensure_experiment(mlflow.tracking.MlflowClient(), cfg)
         mlflow.set_experiment(cfg.experiment)
         if cfg.system_metrics:
             mlflow.set_system_metrics_sampling_interval(cfg.system_metrics_interval_s)
         parent = parent_run_id or os.environ.get(PARENT_ENV)
-        run = mlflow.start_run(run_name=cfg.run_name or run_name, tags=tags, parent_run_id=parent,
+        run = mlflow.start_run(run_name=self.run_name, tags=tags, parent_run_id=parent,
                                log_system_metrics=cfg.system_metrics, nested=bool(parent))
         self.run_id = run.info.run_id
 
@@ -65,16 +81,19 @@ class Tracker:
         if self.enabled and metrics:
             self.mlflow.log_metrics({k: float(v) for k, v in metrics.items()}, step=step)
 
-    def log_series(self, series: dict[str, list[float]]) -> None:
-        """Curves (one value per step) in batches: one database write per 1000 points, not per point."""
+    def log_series(self, series: dict[str, list[float]], steps: list[int] | None = None,
+                   timestamps_ms: list[int] | None = None) -> None:
+        """Curves in batches (one database write per 1000 points, not per point). steps: one per value
+        (default 0, 1, ...); timestamps_ms: when each value was measured (default now)."""
         if not self.enabled or not series:
             return
         import time
 
         from mlflow.entities import Metric
 
-        ts = int(time.time() * 1000)
-        points = [Metric(k, float(v), ts, i) for k, vs in series.items() for i, v in enumerate(vs)]
+        now = int(time.time() * 1000)
+        points = [Metric(k, float(v), timestamps_ms[i] if timestamps_ms else now, steps[i] if steps else i)
+                  for k, vs in series.items() for i, v in enumerate(vs)]
         client = self.mlflow.tracking.MlflowClient()
         for i in range(0, len(points), 1000):
             client.log_batch(self.run_id, metrics=points[i:i + 1000])
@@ -87,6 +106,7 @@ class Tracker:
         if self.enabled:
             self.mlflow.log_artifacts(str(run_dir))
 
-    def end(self, ok: bool) -> None:
+    def end(self, ok: bool, status: str | None = None) -> None:
+        """FINISHED or FAILED by `ok`; `status` another of MLflow's (KILLED: a sweep job skipped)."""
         if self.enabled and self.run_id:
-            self.mlflow.end_run(status="FINISHED" if ok else "FAILED")
+            self.mlflow.end_run(status=status or ("FINISHED" if ok else "FAILED"))

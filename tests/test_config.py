@@ -9,7 +9,7 @@ from omegaconf.errors import ConfigKeyError, ValidationError
 from engine.opts import OPTS
 from tests.conftest import CONF, compose_config
 
-NEEDS_PATH = {"mooncake", "jsonl"}
+NEEDS_PATH = {"workload": {"mooncake", "jsonl"}, "quality": {"jsonl"}}
 
 
 def options(group: str) -> list[str]:
@@ -19,7 +19,7 @@ def options(group: str) -> list[str]:
 @pytest.mark.parametrize("group", ["model", "engine", "workload", "quality", "gate", "tracking"])
 def test_every_group_option_composes_and_builds(group):
     for name in options(group):
-        extra = [f"workload.path=/some/file.jsonl"] if group == "workload" and name in NEEDS_PATH else []
+        extra = [f"{group}.path=/some/file.jsonl"] if name in NEEDS_PATH.get(group, ()) else []
         cfg = compose_config([f"{group}={name}", *extra], cheap=False)
         obj = OmegaConf.to_object(cfg)  # runs each dataclass's own validation
         assert getattr(obj, group) is not None
