@@ -7,6 +7,7 @@ import json
 import logging
 from pathlib import Path
 
+from experiments.report import fmt
 from traffic.load_levels import level_metrics, plan_levels
 from traffic.replay import ReplayConfig
 
@@ -46,9 +47,8 @@ def levels_markdown(levels: list[dict]) -> str:
             "|---|---|---|---|---|---|---|---|"]
     for lv in levels:
         m = lv["metrics"]
-        rows.append(f"| {lv['value']:g} | {m.get('load/ttft_ms_p50', float('nan')):.4g} | "
-                    f"{m.get('load/tpot_ms_p50', float('nan')):.4g} | {m.get('load/e2e_ms_p99', float('nan')):.4g} | "
-                    f"{m.get('load/throughput_out_tok_s', 0.0):.4g} | {m['load/mean_in_flight']:.3g} | "
-                    f"{m['load/out_tok_s_per_user']:.3g} | {m.get('load/requests_ok', 0):.0f} / "
-                    f"{m.get('load/requests_failed', 0):.0f} |")
+        cells = [fmt(m.get(f"load/{k}")) for k in ("ttft_ms_p50", "tpot_ms_p50", "e2e_ms_p99", "throughput_out_tok_s",
+                                                    "mean_in_flight", "out_tok_s_per_user")]
+        rows.append(f"| {lv['value']:g} | {' | '.join(cells)} | {fmt(m.get('load/requests_ok'))} / "
+                    f"{fmt(m.get('load/requests_failed'))} |")
     return "\n".join(rows) + "\n"

@@ -55,7 +55,10 @@ def read_user_set(path: Path, on_bad_row: str = "error") -> tuple[list[PromptIte
 
 def read_rows(path: Path) -> Iterator[tuple[str, int, Any]]:
     """(where, for messages: 'line N' or 'entry N'; position from 1; the decoded row)."""
-    text = path.read_text(encoding="utf-8")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start}); is it the right file?") from None
     if text.lstrip().startswith("["):  # one JSON document: a list of rows
         try:
             rows = json.loads(text)

@@ -26,7 +26,7 @@ import itertools
 import json
 import math
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -54,6 +54,7 @@ class LoadedTrace:
     reordered: int
     path: str
     has_timing: bool = True
+    warnings: list[str] = field(default_factory=list)
 
 
 class _BadRow(Exception):
@@ -82,6 +83,27 @@ def load_trace(kind: str, path: str, on_bad_row: str = "error", *, data_root: st
     if on_bad_row not in ON_BAD_ROW:
         raise ValueError(f"on_bad_row={on_bad_row!r}: valid values are {', '.join(ON_BAD_ROW)}")
     full = resolve_data_path(path, data_root)
+    try:
+        parsed, skipped = _parse(kind, full, on_bad_row, tokenizer)
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{full}: not UTF-8 text ({e.reason} at byte {e.start}); is it the right file?") from None
+    if len(parsed) < 2:
+        note = f" ({skipped} bad rows skipped)" if skipped else ""
+        raise ValueError(f"{full}: the trace has {len(parsed) or 'no'} usable row{'s' * (len(parsed) != 1)}"
+                         f"{note}; a workload needs at least 2")
+    warnings = [f"{full}: the last line has no line ending, so the file may have been cut short and its last "
+                f"row may be incomplete; check it"] if kind == "azure" and _cut_short(full) else []
+    untimed = sum(ts is None for ts, _ in parsed)
+    if untimed == len(parsed):
+        return LoadedTrace([r for _, r in parsed], skipped, 0, str(full), has_timing=False, warnings=warnings)
+    if untimed:
+        raise ValueError(f"{full}: {untimed} of {len(parsed)} rows have no timestamp; "
+                         f"give every row one, or none (then the trace has no timing)")
+    rows, reordered = _sort_by_time(parsed)
+    return LoadedTrace(rows, skipped, reordered, str(full), warnings=warnings)
+
+
+def _parse(kind: str, full: Path, on_bad_row: str, tokenizer: Any) -> tuple[list[tuple[int | None, TraceRow]], int]:
     parsed: list[tuple[int | None, TraceRow]] = []
     skipped = 0
     read, build = _FORMATS[kind]
@@ -96,18 +118,16 @@ def load_trace(kind: str, path: str, on_bad_row: str = "error", *, data_root: st
                 continue
             raise ValueError(f"{full}:{where}: {e} (workload.on_bad_row=skip skips such rows)") from None
         parsed.append((ts_ns, row))
-    if len(parsed) < 2:
-        note = f" ({skipped} bad rows skipped)" if skipped else ""
-        raise ValueError(f"{full}: the trace has {len(parsed) or 'no'} usable row{'s' * (len(parsed) != 1)}"
-                         f"{note}; a workload needs at least 2")
-    untimed = sum(ts is None for ts, _ in parsed)
-    if untimed == len(parsed):
-        return LoadedTrace([r for _, r in parsed], skipped, 0, str(full), has_timing=False)
-    if untimed:
-        raise ValueError(f"{full}: {untimed} of {len(parsed)} rows have no timestamp; "
-                         f"give every row one, or none (then the trace has no timing)")
-    rows, reordered = _sort_by_time(parsed)
-    return LoadedTrace(rows, skipped, reordered, str(full))
+    return parsed, skipped
+
+
+def _cut_short(path: Path) -> bool:
+    """A CSV whose last byte is not a newline: a truncated download still parses, with a wrong last number."""
+    with open(path, "rb") as f:
+        if f.seek(0, os.SEEK_END) == 0:
+            return False
+        f.seek(-1, os.SEEK_END)
+        return f.read(1) not in (b"\n", b"\r")
 
 
 def _sort_by_time(parsed: list[tuple[int, TraceRow]]) -> tuple[list[TraceRow], int]:
@@ -143,7 +163,7 @@ def _read_sharegpt(path: Path) -> Iterator[tuple[str, Any]]:
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as e:
-        raise ValueError(f"{path}: not valid JSON ({e})") from None
+        raise ValueError(f"{path}:{e.lineno}:{e.colno}: not valid JSON ({e.msg})") from None
     if not isinstance(data, list):
         raise ValueError(f"{path}: expected a JSON list of conversations, got {type(data).__name__}")
     for i, entry in enumerate(data):
