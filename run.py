@@ -63,7 +63,9 @@ def main(cfg: DictConfig) -> int:
     hc = HydraConfig.get()
     run_dir = Path(hc.runtime.output_dir)
     try:
-        _exit[0] = _run(cfg, hc, run_dir)
+        code = _run(cfg, hc, run_dir)
+        if _exit[0] != USER_ERROR_EXIT:  # a sweep whose job met a user error says so at the end
+            _exit[0] = code
     except UserError as e:
         # caught here, not left to Hydra: it would add its own lines, and a sweep goes on with its next job
         if _verbose[0]:

@@ -17,7 +17,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from experiments.levels import read_levels
 from experiments.load_curves import write_load_curves
-from experiments.sweep import SKIPPED_FILE, SWEEP_KEYS_ENV, sweep_overrides, swept_keys
+from experiments.sweep import SKIPPED_FILE, SWEEP_KEYS_ENV, job_swept_values, sweep_overrides, swept_keys
 from experiments.tracking import PARENT_ENV, ensure_experiment, resolve_uri
 
 _active: list["MLflowSweepCallback"] = []  # the running sweep, for run.py to close when a job raised
@@ -56,14 +56,13 @@ class MLflowSweepCallback(Callback):
         from hydra.core.utils import JobStatus
 
         out = Path(job_return.hydra_cfg.hydra.runtime.output_dir) if job_return.hydra_cfg else None
-        job = {"job": len(self.jobs), "overrides": " ".join(job_return.overrides or []), "dir": out}
-        if getattr(job_return, "status", None) == JobStatus.FAILED:
-            self.failed += 1
-            job["status"] = f"failed: {job_return._return_value!r:.200}"
-        else:
-            job["status"] = _job_status(out)
-            self.failed += job["status"].startswith("failed")
-        self.jobs.append(job)
+        status = _job_status(out)
+        if getattr(job_return, "status", None) == JobStatus.FAILED and not status.startswith("failed"):
+            status = "failed (traceback above)"
+        self.failed += status.startswith("failed")
+        swept = " ".join(f"{k}={v}" for k, v in job_swept_values(job_return.overrides or []).items())
+        self.jobs.append({"job": len(self.jobs), "swept": swept, "dir": out, "status": status,
+                          "name": _job_name(out)})
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         self.finish()
@@ -103,15 +102,21 @@ def _job_status(out: Path | None) -> str:
     return "failed: " + (err.read_text().strip().splitlines() or [""])[-1][:200] if err.is_file() else "failed"
 
 
+def _job_name(out: Path | None) -> str | None:
+    """The job's MLflow run name, from what it left in its directory."""
+    for name in ("summary.json", SKIPPED_FILE):
+        if out is not None and (out / name).is_file():
+            return json.loads((out / name).read_text()).get("run_name")
+    return None
+
+
 def _job_label(job: dict) -> str:
-    summary = Path(job["dir"]) / "summary.json"
-    name = json.loads(summary.read_text()).get("run_name") if summary.is_file() else None
-    return name or f"job {job['job']}"
+    return job["name"] or f"job {job['job']}"
 
 
 def sweep_table(jobs: list[dict]) -> str:
-    lines = ["| job | overrides | outcome | run dir |", "|---|---|---|---|"]
-    lines += [f"| {j['job']} | `{j['overrides']}` | {j['status']} | {j['dir']} |" for j in jobs]
+    lines = ["| job | swept | run | outcome | run dir |", "|---|---|---|---|---|"]
+    lines += [f"| {j['job']} | {j['swept'] or '-'} | {j['name'] or '-'} | {j['status']} | {j['dir']} |" for j in jobs]
     return "\n".join(lines) + "\n"
 
 

@@ -32,10 +32,18 @@ def artifact_location(cfg) -> str | None:
     return None
 
 
+KIND_TAG = "mlflow.experimentKind"  # so the UI opens on the runs table, not on the GenAI traces view
+
+
 def ensure_experiment(client, cfg) -> str:
     """The experiment's id, created on first use with its artifact location."""
     exp = client.get_experiment_by_name(cfg.experiment)
-    return exp.experiment_id if exp else client.create_experiment(cfg.experiment, artifact_location(cfg))
+    if exp is None:
+        return client.create_experiment(cfg.experiment, artifact_location(cfg),
+                                        tags={KIND_TAG: "custom_model_development"})
+    if KIND_TAG not in exp.tags:
+        client.set_experiment_tag(exp.experiment_id, KIND_TAG, "custom_model_development")
+    return exp.experiment_id
 
 
 def flatten(d, prefix: str = "") -> dict[str, str]:

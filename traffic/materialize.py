@@ -20,7 +20,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from traffic.traces import TraceRow, load_trace, resolve_data_path
+from traffic.data_root import resolve_data_path
+from traffic.traces import TraceRow, load_trace
 
 PROMPT_SOURCES = ("auto", "sharegpt", "builtin")
 SHAREGPT_PATH = "prompts/sharegpt_500.json"  # under the data root

@@ -31,7 +31,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-DATA_ENV = "OPTLADDER_DATA"
+from traffic.data_root import resolve_data_path
+
 KINDS = ("azure", "mooncake", "jsonl", "sharegpt")
 ON_BAD_ROW = ("error", "skip")
 AZURE_COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
@@ -61,20 +62,6 @@ class _BadRow(Exception):
     """One row that cannot be read; turned into a ValueError naming file and line, or skipped."""
 
 
-def resolve_data_path(path: str, data_root: str | None) -> Path:
-    """Absolute paths as they are; relative ones under data_root (else $OPTLADDER_DATA, else the cwd)."""
-    p = Path(path).expanduser()
-    root = None if p.is_absolute() else (data_root or os.environ.get(DATA_ENV))
-    full = Path(root).expanduser() / p if root else p
-    if not full.is_file():
-        searched = f"data root {root!r}" if root else ("no data root (absolute path)" if p.is_absolute()
-                                                        else "no data root set, so the current directory")
-        raise FileNotFoundError(
-            f"data file {path!r} not found at {full} (searched: {searched}); set data.root=<folder> "
-            f"or the environment variable {DATA_ENV} to the folder that holds it, or give an absolute path")
-    return full
-
-
 def load_trace(kind: str, path: str, on_bad_row: str = "error", *, data_root: str | None = None,
                tokenizer: Any = None) -> LoadedTrace:
     """Read a trace of one of KINDS. `tokenizer` (HF-style `encode`) measures rows given as text."""
@@ -83,8 +70,21 @@ def load_trace(kind: str, path: str, on_bad_row: str = "error", *, data_root: st
     if on_bad_row not in ON_BAD_ROW:
         raise ValueError(f"on_bad_row={on_bad_row!r}: valid values are {', '.join(ON_BAD_ROW)}")
     full = resolve_data_path(path, data_root)
+    parsed: list[tuple[int | None, TraceRow]] = []
+    skipped = 0
+    read, build = _FORMATS[kind]
     try:
-        parsed, skipped = _parse(kind, full, on_bad_row, tokenizer)
+        for where, raw in read(full):
+            try:
+                ts_ns, row = build(raw, tokenizer)
+                if row.input_len < 0 or row.output_len < 0:
+                    raise _BadRow(f"negative token count (input {row.input_len}, output {row.output_len})")
+            except _BadRow as e:
+                if on_bad_row == "skip":
+                    skipped += 1
+                    continue
+                raise ValueError(f"{full}:{where}: {e} (workload.on_bad_row=skip skips such rows)") from None
+            parsed.append((ts_ns, row))
     except UnicodeDecodeError as e:
         raise ValueError(f"{full}: not UTF-8 text ({e.reason} at byte {e.start}); is it the right file?") from None
     if len(parsed) < 2:
@@ -103,26 +103,8 @@ def load_trace(kind: str, path: str, on_bad_row: str = "error", *, data_root: st
     return LoadedTrace(rows, skipped, reordered, str(full), warnings=warnings)
 
 
-def _parse(kind: str, full: Path, on_bad_row: str, tokenizer: Any) -> tuple[list[tuple[int | None, TraceRow]], int]:
-    parsed: list[tuple[int | None, TraceRow]] = []
-    skipped = 0
-    read, build = _FORMATS[kind]
-    for where, raw in read(full):
-        try:
-            ts_ns, row = build(raw, tokenizer)
-            if row.input_len < 0 or row.output_len < 0:
-                raise _BadRow(f"negative token count (input {row.input_len}, output {row.output_len})")
-        except _BadRow as e:
-            if on_bad_row == "skip":
-                skipped += 1
-                continue
-            raise ValueError(f"{full}:{where}: {e} (workload.on_bad_row=skip skips such rows)") from None
-        parsed.append((ts_ns, row))
-    return parsed, skipped
-
-
 def _cut_short(path: Path) -> bool:
-    """A CSV whose last byte is not a newline: a truncated download still parses, with a wrong last number."""
+    """Last byte not a newline: a truncated CSV still parses, its last number possibly wrong."""
     with open(path, "rb") as f:
         if f.seek(0, os.SEEK_END) == 0:
             return False
