@@ -20,7 +20,7 @@ from torch.profiler import ProfilerActivity, profile, record_function
 log = logging.getLogger(__name__)
 PROFILERS = ("torch",)
 TRACE_FILE, OPS_FILE = "profile_trace.json", "profile_ops.md"
-RANGE = "stage/"
+RANGE, STEP = "stage/", "engine_step"
 
 
 @dataclass
@@ -79,7 +79,7 @@ class ProfiledEngine:
             return self.engine.step()
         if self._prof is None:
             self._start()
-        with record_function("engine_step"):
+        with record_function(STEP):
             events = self.engine.step()
         self.recorded += bool(events)
         if self.recorded >= self.cfg.steps:
@@ -110,13 +110,16 @@ class ProfiledEngine:
 
 
 def stage_ops(events) -> dict[str, dict]:
-    """Per stage range: its calls, total time, and per op under it (at any depth) calls and self time (us)."""
+    """Per stage range: its calls, total time, and per op under it (at any depth) calls and self time (us).
+    An engine without stage timers (engine=hf) gets one stage, its whole steps."""
+    ranges = [ev for ev in events if ev.name.startswith(RANGE)]
+    if not ranges:
+        ranges = [ev for ev in events if ev.name == STEP]
     stages: dict[str, dict] = {}
-    for ev in events:
-        if not ev.name.startswith(RANGE):
-            continue
-        st = stages.setdefault(ev.name[len(RANGE):], {"calls": 0, "cpu_us": 0.0, "device_us": 0.0,
-                                                      "ops": defaultdict(lambda: [0, 0.0, 0.0])})
+    for ev in ranges:
+        name = ev.name[len(RANGE):] if ev.name.startswith(RANGE) else "step"
+        st = stages.setdefault(name, {"calls": 0, "cpu_us": 0.0, "device_us": 0.0,
+                                      "ops": defaultdict(lambda: [0, 0.0, 0.0])})
         st["calls"] += 1
         st["cpu_us"] += ev.cpu_time_total
         st["device_us"] += ev.device_time_total

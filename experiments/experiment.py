@@ -138,8 +138,9 @@ def _measure(conf, backend, run_dir: Path, snapshot: dict, tracker: Tracker, opt
     (run_dir / "results.md").write_text(results_markdown(metrics, title) + levels_markdown(levels))
 
     summary = {
-        "run_id": tracker.run_id, "run_name": tracker.run_name, "run_dir": str(run_dir), "engine": conf.engine.name, "model": conf.model.name,
-        "opts": opts, "opts_effective": effective, "metrics": metrics, "load_levels": levels,
+        "run_id": tracker.run_id, "run_name": tracker.run_name, "run_dir": str(run_dir),
+        "engine": conf.engine.name, "model": conf.model.name, "opts": opts, "opts_effective": effective,
+        "metrics": metrics, "load_levels": levels,
         "quality": {"set": conf.quality.name, "num_prompts": len(outputs), "bleu_signature": signature,
                     **{k: v for k, v in qmetrics.items()}},
         "workload": {"name": conf.workload.name, "num_requests": len(records), "mode": workload.mode,

@@ -4,9 +4,9 @@ each opt ran as tags and params one can filter on, and the KV curves of the repl
 - name: `engine:opts:model`, then `key=value` for every swept key the name does not show already
   (`reference:baseline:tiny seed=1`); the sweep callback names the swept keys.
 - tags: engine, model, opts, workload, dtype (resolved: auto is float32 on a CPU), device, seed, git_commit,
-  `sweep.<key>` per swept key, and `opt.<name>` = on | off as really in effect (opts_effective), so
-  `tags."opt.paged_kv" = "on"` finds the runs where paged KV ran; the evidence itself is in the params
-  `opts_effective.<opt>.<field>`.
+  `profiled` when +profile ran, `sweep.<key>` per swept key, and `opt.<name>` = on | off as really in
+  effect (opts_effective), so `tags."opt.paged_kv" = "on"` finds the runs where paged KV ran; the evidence
+  itself is in the params `opts_effective.<opt>.<field>`.
 - KV curves `kv/reserved_gb`, `kv/used_gb`, `kv/util`: the replay only (not warm-up, quality or capacity
   probes), each point at its wall-clock time, step = milliseconds since the replay started (MLflow
   steps are integers; the UI's "Relative time" axis shows seconds).
@@ -35,10 +35,13 @@ def run_tags(conf, opts: list[str], environment: dict) -> dict[str, str]:
         dtype = str(resolve_dtype(conf.engine.dtype, resolve_device(conf.engine.device))).replace("torch.", "")
     except ValueError:  # a device this machine lacks: the engine refuses it later, with the fix
         dtype = conf.engine.dtype
-    return {"engine": conf.engine.name, "model": conf.model.name, "opts": ",".join(opts) or "baseline",
+    tags = {"engine": conf.engine.name, "model": conf.model.name, "opts": ",".join(opts) or "baseline",
             "workload": conf.workload.name, "quality": conf.quality.name, "dtype": dtype,
             "device": environment.get("gpu") or "cpu", "seed": str(conf.seed),
             "git_commit": str(environment.get("git_commit"))}
+    if conf.profile is not None:  # its profiled steps ran slower: not a run to gate on
+        tags["profiled"] = conf.profile.name
+    return tags
 
 
 def effective_tags_params(effective: dict[str, dict]) -> tuple[dict[str, str], dict[str, str]]:

@@ -1,4 +1,5 @@
-"""Prompt sets for the quality check: the built-in set, AlpacaEval, self-instruct, or a user's own file (quality/user_sets.py).
+"""Prompt sets for the quality check: the built-in set, AlpacaEval, self-instruct, or a user's own file
+(quality/user_sets.py).
 
 Every set becomes a list of `PromptItem`s in a fixed order, so both arms of an A/B see the same
 prompts; `prompts_digest` proves it. External sets are read from a data root (config key `data.root`

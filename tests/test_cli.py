@@ -37,7 +37,8 @@ def test_multirun_makes_one_parent_and_a_child_per_job(tmp_path):
     for job in ("0", "1"):
         assert (tmp_path / "sweep" / job / "summary.json").exists()
     # named by what differs, the parent by its sweep; the load curves of both jobs on the parent
-    assert sorted(c.info.run_name for c in children) == ["reference:baseline:tiny seed=1", "reference:baseline:tiny seed=2"]
+    assert sorted(c.info.run_name for c in children) == ["reference:baseline:tiny seed=1",
+                                                          "reference:baseline:tiny seed=2"]
     assert {c.data.tags["sweep.seed"] for c in children} == {"1", "2"}
     assert parents[0].info.run_name == "sweep: seed=1,2"
     assert {"sweep.md", "pareto.md", "pareto.json", "load_curves.png"} <= {

@@ -1,4 +1,5 @@
-"""A user's own prompt set: prompt rows, Alpaca JSON, chat JSONL; the errors a broken file gives; auto max_new_tokens."""
+"""A user's own prompt set: prompt rows, Alpaca JSON, chat JSONL; the errors a broken file gives; auto
+max_new_tokens."""
 from __future__ import annotations
 
 import json
@@ -45,7 +46,8 @@ def test_chat_jsonl_keeps_every_turn_and_scores_the_last(tmp_path):
     # the whole conversation goes through the chat template, not just the last turn
     tok = SyntheticTokenizer(300)
     text = tok.decode(chat_token_ids(tok, a.chat()))
-    assert "system: Be brief." in text and "assistant: Paris." in text and text.endswith("user: And of Italy?\nassistant:")
+    assert "system: Be brief." in text and "assistant: Paris." in text
+    assert text.endswith("user: And of Italy?\nassistant:")
     assert chat_token_ids(tok, "hi") == chat_token_ids(tok, [{"role": "user", "content": "hi"}])
 
 
@@ -75,7 +77,8 @@ def test_bad_rows_can_be_skipped_and_a_small_set_warns_with_both_counts(tmp_path
     with caplog.at_level(logging.WARNING):
         items = user_set(path, on_bad_row="skip", num_prompts=200)
     assert [it.id for it in items] == ["0", "2", "3"]
-    assert "skipped 1 bad rows" in caplog.text and "3 usable prompts" in caplog.text and "num_prompts=200" in caplog.text
+    assert "skipped 1 bad rows" in caplog.text
+    assert "3 usable prompts" in caplog.text and "num_prompts=200" in caplog.text
     assert len(user_set(path, on_bad_row="skip", num_prompts=2)) == 2
 
 
