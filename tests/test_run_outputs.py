@@ -16,12 +16,16 @@ from experiments.experiment import run_experiment
 from experiments.report import fmt
 from tests.conftest import ROOT, compose_config
 
+CHAT = ROOT / "docs" / "examples" / "chat_prompts.jsonl"
+
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("views")
     uri = f"sqlite:///{tmp / 'mlflow.db'}"
-    cfg = compose_config([f"tracking.uri={uri}", "+profile=torch", "profile.steps=4", "replay.load_levels=[5,40]"])
+    cfg = compose_config([f"tracking.uri={uri}", "+profile=torch", "profile.steps=4", "replay.load_levels=[5,40]",
+                          "quality=jsonl", f"quality.path={CHAT}", "quality.max_new_tokens=auto",
+                          "quality.max_new_tokens_cap=12"])
     result = run_experiment(cfg, tmp / "out", tags={"sweep.seed": "3"})
     mlflow.set_tracking_uri(uri)
     client = MlflowClient()
@@ -60,6 +64,17 @@ def test_results_md_and_artifacts_beside_the_database(run):
     md = (result.run_dir / "results.md").read_text()
     ttft = fmt(result.metrics["perf/ttft_ms_p50"])
     assert "| TTFT p50 / p99 (ms) | " + ttft in md and "## Load levels (workload.rate)" in md
+
+
+def test_a_chat_prompt_set_is_scored_turns_and_all(run):
+    result, _, r, _ = run
+    rows = [json.loads(x) for x in (result.run_dir / "quality_outputs.jsonl").read_text().splitlines()]
+    assert [x["id"] for x in rows] == ["chat-01", "chat-02", "chat-03", "chat-04", "chat-05"]
+    assert [len(x["messages"]) for x in rows] == [1, 2, 3, 3, 1]  # the conversation before the scored answer
+    assert rows[2]["references"] == ["You have 5 apples now."]
+    assert r.data.metrics["quality/num_prompts"] == 5 and "quality/bleu_vs_ref" in r.data.metrics
+    # auto: each prompt's longest reference is 7, 8, 7, 6, 7 tokens; their p90, 7.6, rounded up (cap 12)
+    assert r.data.metrics["quality/max_new_tokens"] == 8
 
 
 def test_load_levels_are_mlflow_steps(run):
