@@ -25,7 +25,7 @@ def run(tmp_path_factory):
     uri = f"sqlite:///{tmp / 'mlflow.db'}"
     cfg = compose_config([f"tracking.uri={uri}", "+profile=torch", "profile.steps=4", "replay.load_levels=[5,40]",
                           "quality=jsonl", f"quality.path={CHAT}", "quality.max_new_tokens=auto",
-                          "quality.max_new_tokens_cap=12"])
+                          "quality.max_new_tokens_cap=12", "quality.num_prompts=5"])
     result = run_experiment(cfg, tmp / "out", tags={"sweep.seed": "3"})
     mlflow.set_tracking_uri(uri)
     client = MlflowClient()
