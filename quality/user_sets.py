@@ -75,9 +75,19 @@ def read_rows(path: Path) -> Iterator[tuple[str, int, Any]]:
         try:
             row = json.loads(line)
         except json.JSONDecodeError as e:
+            if _one_json_object(text):
+                raise ValueError(f"{path}: one JSON object; a prompt set is a JSON list of rows, or JSONL with "
+                                 f"one row a line") from None
             raise ValueError(f"{path}:{lineno}: not valid JSON ({e.msg}, column {e.colno}); each line of a "
                              f"JSONL prompt set is one JSON object") from None
         yield str(lineno), pos, row
+
+
+def _one_json_object(text: str) -> bool:
+    try:
+        return isinstance(json.loads(text), dict)
+    except json.JSONDecodeError:
+        return False
 
 
 def parse_row(row: Any, default_id: str) -> PromptItem:

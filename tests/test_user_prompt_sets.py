@@ -61,6 +61,7 @@ def test_chat_jsonl_keeps_every_turn_and_scores_the_last(tmp_path):
      ":2:", "duplicate id 'a'"),
     ('{"question": "x"}\n', ":1:", "'instruction' \\+ 'output'"),
     ('[{"instruction": "x", "output": "y"},\n {"instruction": "z", "output": }]', ":2:", "not valid JSON"),
+    ('{\n  "rows": [{"instruction": "x", "output": "y"}]\n}\n', ":", "one JSON object"),
 ])
 def test_a_broken_row_names_file_and_line(tmp_path, text, where, needle):
     path = tmp_path / "set.jsonl"
