@@ -15,7 +15,8 @@ from backends.opt_map import ALWAYS_ON, FIXED, MAPPED, OptMapping, collect, refu
 from engine.config import EngineConfig
 
 GIB = 1 << 30
-SUPPORTED = ("paged_kv", "flash_attn", "dynamic_batching", "batched_decode", "cuda_graphs", "prefix_cache")
+SUPPORTED = ("paged_kv", "flash_attn", "dynamic_batching", "batched_decode", "cuda_graphs", "prefix_cache",
+             "chunked_prefill", "fused_kernels")  # skinny_gemm: vLLM has no switch for its GEMM kernels
 CPU_BLOCK_MULTIPLE = 32  # vLLM's CPU_ATTN kernel takes block sizes that are multiples of 32 only
 # vLLM has no unfused attention: with flash_attn off on CUDA it runs its Triton paged kernel instead
 CUDA_ATTENTION = {True: "FLASH_ATTN", False: "TRITON_ATTN"}
@@ -63,6 +64,10 @@ def opt_mappings(cfg: EngineConfig, device_type: str) -> list[OptMapping]:
         OptMapping("prefix_cache", "prefix_cache" in want, MAPPED, cfg.prefix_cache,
                    "--enable-prefix-caching / --no-enable-prefix-caching (vLLM's default is on, so off is explicit)",
                    ["--enable-prefix-caching" if cfg.prefix_cache else "--no-enable-prefix-caching"]),
+        OptMapping("chunked_prefill", "chunked_prefill" in want, MAPPED, cfg.chunked_prefill,
+                   "--enable-chunked-prefill / --no-enable-chunked-prefill; off, vLLM's scheduler still puts whole "
+                   "prompts and decodes in one step (it has no prompt-only steps), it only stops cutting prompts",
+                   ["--enable-chunked-prefill" if cfg.chunked_prefill else "--no-enable-chunked-prefill"]),
     ]
     if cpu:
         maps += [
@@ -71,6 +76,7 @@ def opt_mappings(cfg: EngineConfig, device_type: str) -> list[OptMapping]:
                        "--attention-backend cannot select another", extra={"backend": "CPU_ATTN"}),
             OptMapping("cuda_graphs", False, FIXED, False,
                        "vLLM's CPU platform captures no graphs (it empties cudagraph_capture_sizes)"),
+            OptMapping("fused_kernels", False, FIXED, False, "a GPU opt: vLLM's CPU kernels are its own"),
         ]
     else:
         attn = CUDA_ATTENTION[cfg.flash_attn]
@@ -84,6 +90,9 @@ def opt_mappings(cfg: EngineConfig, device_type: str) -> list[OptMapping]:
                        "compilation_config.cudagraph_mode FULL_AND_PIECEWISE when on, NONE when off (torch.compile "
                        "stays on either way; --enforce-eager in engine.server.extra_args turns both off)",
                        ["--compilation-config", json.dumps({"cudagraph_mode": mode})], extra={"cudagraph_mode": mode}),
+            OptMapping("fused_kernels", "fused_kernels" in want, ALWAYS_ON, True,
+                       "torch.compile (Inductor) fuses vLLM's element-wise work whatever our switch says; only "
+                       "--enforce-eager in engine.server.extra_args turns it off"),
         ]
     return maps
 

@@ -84,7 +84,10 @@ class EngineConfig:
     dynamic_batching: bool = False
     batched_decode: bool = False
     cuda_graphs: bool = False
+    fused_kernels: bool = False
+    skinny_gemm: bool = False
     prefix_cache: bool = False
+    chunked_prefill: bool = False
     # engines reached over HTTP
     server: ServerConfig = field(default_factory=ServerConfig)
     extra: dict[str, Any] = field(default_factory=dict)

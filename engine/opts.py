@@ -21,8 +21,15 @@ OPTS: dict[str, OptSpec] = {o.name: o for o in (
     OptSpec("dynamic_batching", "dynamic_batching", True, "continuous batching with preemption"),
     OptSpec("batched_decode", "batched_decode", True, "one host copy per step, batched detokenization"),
     OptSpec("cuda_graphs", "cuda_graphs", True, "decode steps replayed from CUDA graphs", cuda_only=True),
+    OptSpec("fused_kernels", "fused_kernels", True,
+            "decode steps through fused element-wise Triton kernels (6 kernels a layer, not ~30)", cuda_only=True),
+    OptSpec("skinny_gemm", "skinny_gemm", True, "decode linear layers of up to 16 rows through a Triton GEMV",
+            needs=("fused_kernels",), cuda_only=True),
     OptSpec("prefix_cache", "prefix_cache", True, "reuse of full KV blocks by prefix hash",
             needs=("paged_kv",)),
+    OptSpec("chunked_prefill", "chunked_prefill", True,
+            "every step one token budget: running decodes first, then prompt chunks",
+            needs=("paged_kv", "dynamic_batching")),
 )}
 
 
