@@ -87,7 +87,8 @@ def plan_job(cfg: DictConfig) -> JobPlan:
         device = resolve_device(cfg.engine.device).type
         cuda_only = [n for n in on if OPTS[n].cuda_only]
         if cuda_only and device != "cuda":
-            plan.skip_reason = (f"{', '.join(cuda_only)} runs on CUDA only and this engine runs on {device}")
+            verb = "runs" if len(cuda_only) == 1 else "run"
+            plan.skip_reason = f"{' and '.join(cuda_only)} {verb} on CUDA only and this engine runs on {device}"
     return plan
 
 
