@@ -55,8 +55,9 @@ def test_an_ab_candidates_broken_prompt_set_stops_it_before_the_control_runs(tmp
 
 def test_sweep_adds_prerequisites_and_skips_what_this_machine_cannot_run(tmp_path):
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    alpaca = ROOT / "docs" / "examples" / "alpaca_prompts.json"  # and a user's Alpaca file, scored end to end
     p = run(["-m", "+opt=cuda_graphs,prefix_cache", f"tracking.uri={uri}", f"hydra.sweep.dir={tmp_path / 'sweep'}",
-             *FAST])
+             *FAST, "quality=jsonl", f"quality.path={alpaca}"])
     assert p.returncode == 0, p.stderr[-3000:]
     mlflow.set_tracking_uri(uri)
     client = MlflowClient()
@@ -73,3 +74,6 @@ def test_sweep_adds_prerequisites_and_skips_what_this_machine_cannot_run(tmp_pat
     assert "skipped: cuda_graphs runs on CUDA only" in table and "| ran |" in table
     assert "sweep.md" in {a.path for a in client.list_artifacts(parent.info.run_id)}
     assert json.loads((tmp_path / "sweep" / "0" / "skipped.json").read_text())["skipped"].startswith("cuda_graphs")
+    rows = [json.loads(x) for x in (tmp_path / "sweep" / "1" / "quality_outputs.jsonl").read_text().splitlines()]
+    assert [r["id"] for r in rows] == ["alpaca_prompts-00001", "alpaca_prompts-00002", "alpaca_prompts-00003"]
+    assert rows[0]["prompt"] == "Give the plural of the word.\n\nmouse" and ran.data.metrics["quality/num_prompts"] == 3
