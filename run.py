@@ -7,19 +7,27 @@
     python run.py +ab=batched_decode             control vs candidate, gated: exit 0 pass, 1 fail, 2 inconclusive
     python run.py +ladder=seed                   one more opt per rung, each gated against the one before
     python run.py +soak=cpu                      a bounded replay in a loop, with memory, leak and p99.9 gates
+
+A bad config or bad data prints one line, `optladder: error: ...`, and exits 3 (experiments/errors.py);
+--verbose (or HYDRA_FULL_ERROR=1) shows the traceback instead.
 """
 from __future__ import annotations
 
 import logging
+import os
 import sys
+import traceback
 from pathlib import Path
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
+from hydra.errors import CompactHydraException
+from hydra.types import RunMode
 from omegaconf import DictConfig
 
 from experiments import lifecycle, tracking
 from experiments.build import check_keys
+from experiments.errors import PREFIX, USER_ERROR_EXIT, UserError, as_user_error, one_line
 from experiments.schema import register
 
 register()
@@ -27,6 +35,7 @@ log = logging.getLogger("optladder")
 # Hydra drops the task's return value: an A/B's verdict, or how a run ended (experiments/lifecycle.py),
 # is the process's exit status
 _exit: list[int | None] = [None]
+_verbose = [False]  # --verbose or HYDRA_FULL_ERROR=1: a user error shows its traceback
 
 
 ARM_KEYS = ("ab.control=", "ab.candidate=", "+ab.control=", "+ab.candidate=")
@@ -69,31 +78,53 @@ def main(cfg: DictConfig) -> int:
 
 
 def _main(cfg: DictConfig) -> int:
-    check_keys(cfg)  # a `+engine.typo=...` override would otherwise be dropped without a word
     hc = HydraConfig.get()
     run_dir = Path(hc.runtime.output_dir)
+    try:
+        with as_user_error():
+            check_keys(cfg)  # a `+engine.typo=...` override would otherwise be dropped without a word
+        code = _run(cfg, hc, run_dir)
+        if _exit[0] != USER_ERROR_EXIT:  # a sweep whose job met a user error says so at the end
+            _exit[0] = code
+    except UserError as e:
+        # caught here, not left to Hydra: it would add its own lines, and a sweep goes on with its next job
+        if _verbose[0]:
+            raise
+        job = f"[job {hc.job.num}: {' '.join(hc.overrides.task)}] " if hc.mode == RunMode.MULTIRUN else ""
+        print(f"{PREFIX}{job}{e}", file=sys.stderr)
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / "error.txt").write_text(f"{e}\n")
+        _exit[0] = USER_ERROR_EXIT
+    return _exit[0]
+
+
+def _run(cfg: DictConfig, hc, run_dir: Path) -> int:
     overrides = list(hc.overrides.task)
     choices = {k: v for k, v in hc.runtime.choices.items() if not k.startswith("hydra")}
     if cfg.soak is not None:
         from experiments.soak_run import run_soak
 
-        _exit[0] = run_soak(cfg, run_dir, overrides, choices)
-        return _exit[0]
+        return run_soak(cfg, run_dir, overrides, choices)
     if cfg.ab is not None or cfg.ladder is not None:
         from experiments.ab_run import run_ab
         from experiments.ladder_run import run_ladder
 
         runner = run_ab if cfg.ab is not None else run_ladder
-        _exit[0] = runner(cfg, run_dir, overrides, choices)
-        return _exit[0]
+        return runner(cfg, run_dir, overrides, choices)
     from experiments.experiment import run_experiment
     from experiments.report import footer, results_table
 
-    result = run_experiment(cfg, run_dir, overrides, choices)
+    tags: dict[str, str] = {}
+    if hc.mode == RunMode.MULTIRUN:
+        from experiments.sweep import sweep_job
+
+        tags = sweep_job(cfg, run_dir, overrides)
+        if tags is None:  # skipped, and recorded as such
+            return 0
+    result = run_experiment(cfg, run_dir, overrides, choices, tags=tags)
     print()
     print(results_table(result.metrics, f"optladder: {', '.join(result.opts) or 'baseline'} on {cfg.model.name}"))
     print(footer(result.run_id, run_dir, cfg.tracking))
-    _exit[0] = 0
     return 0
 
 
@@ -107,17 +138,36 @@ def exit_code(hydra_code: int | str | None) -> int:
     return hydra_code if isinstance(hydra_code, int) else (0 if hydra_code is None else 1)
 
 
-if __name__ == "__main__":
-    sys.argv = quote_arm_overrides(sys.argv)
+def cli() -> None:
+    from experiments.callbacks import finish_active_sweep
+
+    argv = quote_arm_overrides(sys.argv)
+    _verbose[0] = "--verbose" in argv or os.environ.get("HYDRA_FULL_ERROR") == "1"
+    sys.argv = [a for a in argv if a != "--verbose"]
+    os.environ["HYDRA_FULL_ERROR"] = "1"  # Hydra re-raises what it catches; what the user sees is decided here
     lifecycle.install_signal_handlers()  # SIGTERM unwinds like Ctrl-C: records kept, servers stopped, KILLED
+    code: int | str | None = None
     try:
         main()
-        code = None
-    except SystemExit as e:  # Hydra reports a job's exception (or a config error) and exits 1
+    except (UserError, CompactHydraException) as e:  # a config that does not compose is a user error too
+        finish_active_sweep()
+        if _verbose[0]:
+            raise
+        print(PREFIX + one_line(e), file=sys.stderr)
+        sys.exit(USER_ERROR_EXIT)
+    except SystemExit as e:  # a sweep stopped before its jobs (its tracking store unreachable), or Hydra's own
+        finish_active_sweep()
         code = e.code
     except (KeyboardInterrupt, lifecycle.Terminated) as e:
+        finish_active_sweep()
         _exit[0] = lifecycle.exit_status(e)
         log.error("stopped by %s: what finished is on disk, the MLflow run is KILLED",
                   "SIGINT" if isinstance(e, KeyboardInterrupt) else f"signal {e.signum}")
-        code = None
+    except BaseException:  # a crash: its traceback, then the exit status of lifecycle.py (70)
+        finish_active_sweep()
+        traceback.print_exc()
     sys.exit(exit_code(code))
+
+
+if __name__ == "__main__":
+    cli()

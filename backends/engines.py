@@ -9,6 +9,7 @@ from typing import Callable, Protocol
 from tqdm import tqdm
 
 from backends.faults import FaultConfig, FaultyEngine
+from backends.profiling import ProfiledEngine
 from engine.config import ENGINES, EngineConfig, ModelConfig
 from engine.sequence import SamplingParams
 from traffic.replay import InProcessDriver
@@ -49,6 +50,11 @@ class ReferenceBackend:
         # locust: the same engine behind serving/server.py, replayed over HTTP from another process
         self.driver = driver
         self.model_name, self.host, self.api_key = model_cfg.name, engine_cfg.server.host, engine_cfg.server.api_key
+        self._profile = None
+
+    def profile_next_replay(self, cfg, out_dir) -> None:
+        """Record a torch profiler trace in the middle of the next replay (backends/profiling.py)."""
+        self._profile = (cfg, out_dir)
 
     @staticmethod
     def _replay_params(r: Request) -> SamplingParams:
@@ -64,7 +70,7 @@ class ReferenceBackend:
     def replay(self, requests, cfg, pacing, on_record):
         if self.driver == "locust":
             return self._replay_http(requests, cfg, pacing, on_record)
-        return InProcessDriver(self.stepper, self._replay_params, on_record).replay(requests, cfg, pacing)
+        return _replay_inprocess(self, self.stepper, requests, cfg, pacing, on_record)
 
     def _replay_http(self, requests, cfg, pacing, on_record):
         from serving.server import serve
@@ -115,6 +121,7 @@ class HFBackend:
         self.engine = HFEngine(model_cfg, engine_cfg)
         self.tokenizer = self.engine.tokenizer
         self.load_s, self.start_s = self.engine.load_s, self.engine.start_s
+        self._profile = None
 
     def warmup(self, requests: list[Request]) -> None:
         if requests:
@@ -122,8 +129,10 @@ class HFBackend:
         self.engine.reset_stats()
 
     def replay(self, requests, cfg, pacing, on_record):
-        return InProcessDriver(self.engine, ReferenceBackend._replay_params, on_record).replay(requests, cfg,
-                                                                                               pacing)
+        return _replay_inprocess(self, self.engine, requests, cfg, pacing, on_record)
+
+    def profile_next_replay(self, cfg, out_dir) -> None:
+        self._profile = (cfg, out_dir)
 
     def generate(self, prompts, max_new_tokens, progress=True):
         with tqdm(total=len(prompts), desc="quality", unit="prompt", disable=not progress) as bar:
@@ -137,6 +146,19 @@ class HFBackend:
 
     def close(self) -> None:
         self.engine.close()
+
+
+def _replay_inprocess(backend, engine, requests, cfg, pacing, on_record):
+    """The in-process driver over `engine` (the backend's, or it with test-only faults), wrapped by the profiler
+    when one is armed."""
+    armed, backend._profile = backend._profile, None
+    if armed is not None:
+        engine = ProfiledEngine(engine, armed[0], len(requests) // 2 + 1, armed[1])
+    try:
+        return InProcessDriver(engine, ReferenceBackend._replay_params, on_record).replay(requests, cfg, pacing)
+    finally:
+        if armed is not None:
+            engine.finish()  # a replay shorter than the profiled steps still leaves its trace
 
 
 class _HttpBackend:

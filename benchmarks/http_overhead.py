@@ -34,9 +34,10 @@ from engine.config import EngineConfig, ModelConfig  # noqa: E402
 from engine.llm_engine import LLMEngine  # noqa: E402
 from engine.sequence import SamplingParams  # noqa: E402
 from serving import server as stdlib_server  # noqa: E402
-from traffic.http_driver import HttpReplayConfig, replay_http  # noqa: E402
+from traffic.http_driver import replay_http  # noqa: E402
 from traffic.metrics import compute_metrics  # noqa: E402
-from traffic.replay import InProcessDriver, ReplayConfig  # noqa: E402
+from traffic.replay import InProcessDriver  # noqa: E402
+from traffic.replay_config import Pacing, ReplayConfig  # noqa: E402
 from traffic.request import Request  # noqa: E402
 
 TINY = ModelConfig(name="tiny", source="random", package=None, gguf_file=None, tokenizer="smollm2",
@@ -69,15 +70,14 @@ def workload(n: int, seed: int) -> list[Request]:
 def replay(engine: LLMEngine, mode: str, reqs: list[Request], closed: bool, concurrency: int) -> dict:
     params = (lambda r: SamplingParams(max_tokens=r.output_len, ignore_eos=True))
     cpu0, wall0 = time.process_time(), time.monotonic()  # this process: engine and driver or server, not the client
+    cfg = ReplayConfig(progress=False, request_timeout_s=600)
+    pacing = Pacing("closed" if closed else "open", concurrency)
     if mode == "in-process":
-        cfg = ReplayConfig(mode="closed" if closed else "open", concurrency=concurrency, progress=False)
-        records = InProcessDriver(engine, params).replay(reqs, cfg)
+        records = InProcessDriver(engine, params).replay(reqs, cfg, pacing)
     else:
         serve = asgi_server.serve if mode == "asgi" else stdlib_server.serve
-        hcfg = HttpReplayConfig(mode="closed" if closed else "open", concurrency=concurrency, progress=False,
-                                timeout_s=600)
         with serve(engine, "127.0.0.1", 0, model_name="tiny") as handle:
-            records = replay_http(reqs, handle.url, "tiny", hcfg)
+            records = replay_http(reqs, handle.url, "tiny", cfg, pacing)
     cpu_s, wall_s = time.process_time() - cpu0, time.monotonic() - wall0
     m = compute_metrics(records)
     assert engine.block_manager.all_free(), f"{mode}: KV blocks left allocated after the replay"

@@ -3,10 +3,11 @@ whose vocabulary no real tokenizer covers (speed work only; its text means nothi
 from __future__ import annotations
 
 
-def chat_token_ids(tokenizer, prompt: str) -> list[int]:
-    """The prompt as one user turn through the model's chat template, ready for generation."""
-    out = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
-                                        tokenize=True)
+def chat_token_ids(tokenizer, prompt: str | list[dict[str, str]]) -> list[int]:
+    """The prompt (one user turn, or a whole conversation of {role, content} turns) through the model's
+    chat template, ready for generation."""
+    messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
+    out = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
     if hasattr(out, "keys"):  # transformers returns a BatchEncoding in some versions
         out = out["input_ids"]
     return list(out)

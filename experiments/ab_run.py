@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from hydra import compose
@@ -15,13 +15,17 @@ from abtest.gates import GateConfig
 from abtest.lossless import arms_lossless
 from abtest.rollout import DEFAULT_REGISTRY, promote, rollout_plan
 from abtest.verdict import ArmResult, Verdict, check_same_traffic, decide, verdict_table
-from experiments.build import check_keys
+from engine.loader import resolve_device
+from engine.validation import validate_engine
+from experiments.build import build, check_keys
+from experiments.errors import as_user_error
 from experiments.experiment import ExperimentResult, run_experiment
-from experiments.lifecycle import run_status
+from experiments.preflight import Prepared, prepare
 from experiments.tracking import Tracker
-from quality.prompts import load_prompt_set
+from quality.prompts import load_prompt_set, prompts_digest
 from quality.review import write_review_html
 from quality.scoring import score_vs_control, to_metrics
+from traffic.request import requests_digest
 
 log = logging.getLogger(__name__)
 
@@ -32,6 +36,7 @@ class Arm:
     overrides: list[str]
     cfg: DictConfig
     runs: list[ExperimentResult]
+    prepared: Prepared | None = field(default=None, repr=False)  # the arm's data, checked before any arm runs
 
     @property
     def resolved(self) -> dict:
@@ -45,13 +50,42 @@ def base_overrides(overrides: list[str]) -> list[str]:
 
 
 def compose_arm(base: list[str], extra: list[str]) -> DictConfig:
-    cfg = compose(config_name="config", overrides=[*base, *extra])
-    check_keys(cfg)  # before any arm runs: a `+key` typo in an arm's overrides would be dropped silently
+    with as_user_error():
+        cfg = compose(config_name="config", overrides=[*base, *extra])
+        check_keys(cfg)  # before any arm runs: a `+key` typo in an arm's overrides would be dropped silently
     return cfg
 
 
 def gate_config(cfg: DictConfig) -> GateConfig:
     return GateConfig.from_dict(OmegaConf.to_container(cfg.gate, resolve=True))
+
+
+def prepare_arms(arms: list[Arm]) -> None:
+    """Every arm's config and data checked, and their traffic compared, before the first arm runs: a
+    mistake in the candidate must not cost the control's whole replay."""
+    for arm in arms:
+        with as_user_error():
+            conf = build(arm.cfg)
+        arm.prepared = prepare(conf)
+    first = arms[0]
+    for arm in arms[1:]:
+        with as_user_error():
+            check_same_traffic(_digests(first), _digests(arm))
+
+
+def _digests(arm: Arm) -> ArmResult:
+    p = arm.prepared
+    return ArmResult(arm.name, {}, [], {}, [], requests_digest(p.workload.requests), prompts_digest(p.items))
+
+
+def check_rung_engines(cfgs: list[DictConfig]) -> None:
+    """A ladder's rung configs refused up front where the engine cannot run them (a CUDA-only opt on a CPU,
+    a missing prerequisite), not after the rungs before them ran."""
+    for cfg in cfgs:
+        with as_user_error():
+            engine = OmegaConf.to_object(cfg.engine)
+            if engine.name == "reference":
+                validate_engine(engine, resolve_device(engine.device).type)
 
 
 def run_arms(arms: list[Arm], repeats: int, out_dir: Path, parent_run_id: str | None) -> None:
@@ -62,7 +96,7 @@ def run_arms(arms: list[Arm], repeats: int, out_dir: Path, parent_run_id: str | 
             tags = {"optladder.arm": arm.name, "optladder.repeat": str(r)}
             res = run_experiment(arm.cfg, out_dir / f"{arm.name}-r{r}", overrides=arm.overrides,
                                  run_name=f"{arm.name} (repeat {r})", parent_run_id=parent_run_id, tags=tags,
-                                 with_quality=(r == 0))
+                                 with_quality=(r == 0), prepared=arm.prepared)
             arm.runs.append(res)
 
 
@@ -94,9 +128,11 @@ def run_ab(cfg: DictConfig, run_dir: Path, overrides: list[str], choices: dict) 
     base = base_overrides(overrides)
     control = Arm("control", [*base, *ab.control], compose_arm(base, list(ab.control)), [])
     candidate = Arm("candidate", [*base, *ab.candidate], compose_arm(base, list(ab.candidate)), [])
+    prepare_arms([control, candidate])
     with Tracker(OmegaConf.to_object(cfg.tracking), f"ab:{ab.name}", {"optladder.kind": "ab", "ab": ab.name},
                  run_dir=run_dir) as parent:
-        run_arms([control, candidate] if ab.first == "control" else [candidate, control], ab.repeats, run_dir, parent.run_id)
+        run_arms([control, candidate] if ab.first == "control" else [candidate, control], ab.repeats, run_dir,
+                 parent.run_id)
         verdict, cand, lossless, why = gate_pair(control, candidate, gate_config(cfg))
         out = {"ab": ab.name, "control": control.overrides, "candidate": candidate.overrides, "first": ab.first,
                "repeats": ab.repeats,
@@ -121,7 +157,7 @@ def run_ab(cfg: DictConfig, run_dir: Path, overrides: list[str], choices: dict) 
 def _review(cfg: DictConfig, run_dir: Path, control: Arm, candidate: Arm) -> None:
     """The human spot check: prompts side by side, the ones whose outputs differ first."""
     qcfg = OmegaConf.to_object(cfg.quality)
-    items = load_prompt_set(qcfg, cfg.data.root)
+    items = control.prepared.items if control.prepared else load_prompt_set(qcfg, cfg.data.root)
     write_review_html(run_dir / "review.html", items, control.runs[0].outputs, candidate.runs[0].outputs,
                       n=qcfg.review_prompts,
                       title=f"optladder review: {' '.join(control.overrides) or 'base'} vs "

@@ -16,16 +16,20 @@ from omegaconf import DictConfig, OmegaConf
 
 from backends import make_backend
 from experiments.build import build
+from experiments.errors import as_user_error
+from experiments.levels import levels_markdown, run_levels
 from experiments.plots import plot_run
+from experiments.preflight import Prepared, prepare
+from experiments.report import results_markdown
+from experiments.run_views import effective_tags_params, kv_curves, run_name as default_run_name, run_tags
 from experiments.snapshot import build_snapshot, write_snapshot
 from experiments.tracking import Tracker, flatten
-from quality.prompts import load_prompt_set, prompts_digest
+from quality.prompts import prompts_digest
 from quality.scoring import score_vs_references, to_metrics
 from traffic.capacity import capacity_metrics, find_capacity, requests_at
 from traffic.metrics import compute_metrics
 from traffic.replay_config import Pacing
 from traffic.request import Request, RequestRecord, requests_digest
-from traffic.workload import build_workload
 
 log = logging.getLogger(__name__)
 
@@ -43,50 +47,46 @@ class ExperimentResult:
     opts_effective: dict
     opts: list[str]
     snapshot: dict = field(default_factory=dict)
+    load_levels: list[dict] = field(default_factory=list)  # per level: index, knob, value, metrics
 
 
 def run_experiment(cfg: DictConfig, run_dir: Path, overrides: list[str] | None = None,
                    choices: dict | None = None, run_name: str | None = None,
                    parent_run_id: str | None = None, tags: dict[str, str] | None = None,
-                   with_quality: bool = True) -> ExperimentResult:
+                   with_quality: bool = True, prepared: Prepared | None = None) -> ExperimentResult:
+    """prepared: the run's data, already loaded and checked (an A/B checks both arms before either runs)."""
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
-    conf = build(cfg)  # the dataclasses: unknown keys refused, each validates its own fields here
+    with as_user_error():
+        conf = build(cfg)  # the dataclasses: unknown keys refused, each validates its own fields here
+    prepared = prepared or prepare(conf)  # every data file, before an engine starts
     resolved = OmegaConf.to_container(cfg, resolve=True)
     snapshot = build_snapshot(resolved, overrides or [], choices or {})
     write_snapshot(run_dir, snapshot)
     from engine.opts import enabled_opts
 
     opts = enabled_opts(conf.engine)
-    base_tags = {"engine": conf.engine.name, "model": conf.model.name, "opts": ",".join(opts) or "baseline",
-                 "git_commit": str(snapshot["environment"].get("git_commit")),
-                 "device": snapshot["environment"].get("gpu") or "cpu"}
-    with Tracker(conf.tracking, run_name or _default_name(conf, opts), {**base_tags, **(tags or {})},
-                 parent_run_id, run_dir) as tracker:
+    tags = {**run_tags(conf, opts, snapshot["environment"]), **(tags or {})}
+    with Tracker(conf.tracking, run_name or default_run_name(conf, opts, tags), tags, parent_run_id,
+                 run_dir) as tracker:
         tracker.log_params(flatten(resolved))
-        return _run(conf, run_dir, snapshot, tracker, opts, with_quality)
-
-
-def _default_name(conf, opts: list[str]) -> str:
-    return f"{conf.engine.name}:{'+'.join(opts) or 'baseline'}:{conf.model.name}"
+        return _run(conf, run_dir, snapshot, tracker, opts, with_quality, prepared)
 
 
 def _run(conf, run_dir: Path, snapshot: dict, tracker: Tracker, opts: list[str],
-         with_quality: bool) -> ExperimentResult:
-    backend = make_backend(conf.model, conf.engine, conf.replay.driver, conf.faults)
+         with_quality: bool, prepared: Prepared) -> ExperimentResult:
+    with as_user_error():  # the engine refuses a setting it cannot run before its weights load
+        backend = make_backend(conf.model, conf.engine, conf.replay.driver, conf.faults)
     try:  # a server-backed engine (vLLM) must stop on every exit path, not only at process exit
-        return _measure(conf, backend, run_dir, snapshot, tracker, opts, with_quality)
+        return _measure(conf, backend, run_dir, snapshot, tracker, opts, with_quality, prepared)
     finally:
         backend.close()
 
 
 def _measure(conf, backend, run_dir: Path, snapshot: dict, tracker: Tracker, opts: list[str],
-             with_quality: bool) -> ExperimentResult:
-    data_root = conf.data.root
+             with_quality: bool, prepared: Prepared) -> ExperimentResult:
     metrics: dict[str, float] = {"perf/load_s": backend.load_s, "perf/start_s": backend.start_s}
-    workload = build_workload(conf.workload, backend.tokenizer, conf.engine.max_model_len, data_root)
-    for w in workload.warnings:
-        log.warning("workload: %s", w)
+    workload = prepared.workload
     snapshot["requests_digest"] = requests_digest(workload.requests)
     write_snapshot(run_dir, snapshot)
     metrics.update(workload.stats)
@@ -98,24 +98,37 @@ def _measure(conf, backend, run_dir: Path, snapshot: dict, tracker: Tracker, opt
             f.flush()  # a crash keeps every request that finished
 
         pacing = Pacing(workload.mode, workload.concurrency)
+        if conf.profile is not None:
+            backend.profile_next_replay(conf.profile, run_dir)
+        t_replay = time.monotonic()
         records = backend.replay(workload.requests, conf.replay, pacing, on_record)
+    # the replay's KV points only: warm-up was reset away, quality and capacity probes come after
+    kv_points = list(getattr(backend, "kv_timeline", lambda: [])())
     metrics.update(compute_metrics(records, conf.slo))
     metrics.update(backend.metrics())
+    effective = backend.opts_effective()  # before levels, probes and quality add to its counters
     if conf.replay.capacity:  # after the engine's own metrics, so the probes do not blur them
         metrics.update(_capacity(conf, backend, workload.requests, run_dir))
     tracker.log_metrics(metrics)
+    levels = run_levels(conf, backend, workload.requests, run_dir, tracker) if conf.replay.load_levels else []
 
-    outputs, per_prompt, qmetrics, pdigest, signature = _quality(conf, backend, run_dir, data_root, with_quality)
+    outputs, per_prompt, qmetrics, pdigest, signature = _quality(conf, backend, run_dir, prepared, with_quality)
     metrics.update(qmetrics)
     snapshot["prompts_digest"] = pdigest
     write_snapshot(run_dir, snapshot)
     tracker.log_metrics(qmetrics)
-    _log_kv_timeline(tracker, backend)
-    plot_run(run_dir, records, getattr(backend, "kv_timeline", lambda: [])())
+    tracker.log_series(*kv_curves(kv_points, t_replay))
+    eff_tags, eff_params = effective_tags_params(effective)
+    tracker.set_tags(eff_tags)
+    tracker.log_params(eff_params)
+    plot_run(run_dir, records, kv_points)
+    title = f"optladder: {', '.join(opts) or 'baseline'} on {conf.model.name}"
+    (run_dir / "results.md").write_text(results_markdown(metrics, title) + levels_markdown(levels))
 
     summary = {
-        "run_id": tracker.run_id, "run_dir": str(run_dir), "engine": conf.engine.name, "model": conf.model.name,
-        "opts": opts, "opts_effective": backend.opts_effective(), "metrics": metrics,
+        "run_id": tracker.run_id, "run_name": tracker.run_name, "run_dir": str(run_dir),
+        "engine": conf.engine.name, "model": conf.model.name, "opts": opts, "opts_effective": effective,
+        "metrics": metrics, "load_levels": levels,
         "quality": {"set": conf.quality.name, "num_prompts": len(outputs), "bleu_signature": signature,
                     **{k: v for k, v in qmetrics.items()}},
         "workload": {"name": conf.workload.name, "num_requests": len(records), "mode": workload.mode,
@@ -124,7 +137,7 @@ def _measure(conf, backend, run_dir: Path, snapshot: dict, tracker: Tracker, opt
     }
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
     return ExperimentResult(tracker.run_id, run_dir, metrics, records, outputs, per_prompt,
-                            snapshot["requests_digest"], pdigest, summary["opts_effective"], opts, snapshot)
+                            snapshot["requests_digest"], pdigest, effective, opts, snapshot, levels)
 
 
 def warmup_requests(like: list[Request], vocab_size: int, seed: int = 12345) -> list[Request]:
@@ -135,39 +148,26 @@ def warmup_requests(like: list[Request], vocab_size: int, seed: int = 12345) -> 
                     min(4, r.output_len)) for i, r in enumerate(like)]
 
 
-def _quality(conf, backend, run_dir: Path, data_root, with_quality: bool = True):
-    from engine.tokenizer import chat_token_ids
-
-    items = load_prompt_set(conf.quality, data_root)
+def _quality(conf, backend, run_dir: Path, prepared: Prepared, with_quality: bool = True):
+    items, prompts = prepared.items, prepared.prompt_ids
     if not with_quality:  # a repeat of an A/B arm: greedy outputs were scored on its first run
         return [], {}, {}, prompts_digest(items), None
     t0 = time.perf_counter()
-    prompts = [chat_token_ids(backend.tokenizer, it.prompt) for it in items]
-    outputs = backend.generate(prompts, conf.quality.max_new_tokens, progress=conf.replay.progress)
+    outputs = backend.generate(prompts, prepared.max_new_tokens, progress=conf.replay.progress)
     scores = score_vs_references(outputs, [it.references for it in items])
     with open(run_dir / "quality_outputs.jsonl", "w") as f:
         for it, out, s in zip(items, outputs, scores.per_prompt):
-            f.write(json.dumps({"id": it.id, "prompt": it.prompt, "output": out, "references": it.references,
-                                "task": it.task, "scores": s}) + "\n")
+            chat = {"messages": it.messages} if it.messages else {}
+            f.write(json.dumps({"id": it.id, "prompt": it.prompt, **chat, "output": out,
+                                "references": it.references, "task": it.task, "scores": s}) + "\n")
     per_prompt = {f"quality/{k}_vs_ref": [s[k] for s in scores.per_prompt]
                   for k in ("bleu", "rouge1", "rouge2", "rougeL")}
     qmetrics = to_metrics(scores)
     qmetrics["quality/num_prompts"] = float(len(items))
+    qmetrics["quality/max_new_tokens"] = float(prepared.max_new_tokens)
     qmetrics["quality/rejected"] = float(sum(len(p) >= conf.engine.max_model_len for p in prompts))
     qmetrics["quality/generate_s"] = time.perf_counter() - t0
     return outputs, per_prompt, qmetrics, prompts_digest(items), scores.bleu_signature
-
-
-def _log_kv_timeline(tracker: Tracker, backend) -> None:
-    points = getattr(backend, "kv_timeline", lambda: [])()
-    if not points:
-        return
-    stride = max(1, len(points) // 200)  # a curve, not one metric row per engine step
-    gib = float(1 << 30)
-    points = points[::stride]
-    tracker.log_series({"kv/reserved_gb": [r / gib for _, r, _ in points],
-                        "kv/used_gb": [u / gib for _, _, u in points],
-                        "kv/util": [u / r if r else 0.0 for _, r, u in points]})
 
 
 def _capacity(conf, backend, requests, run_dir: Path) -> dict[str, float]:

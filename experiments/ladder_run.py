@@ -1,6 +1,7 @@
 """Run a ladder: the baseline, then one more opt per rung, each rung gated against the last accepted one
 (abtest/ladder.py decides which opts a rung runs and whether it is kept). Writes ladder.json, ladder.md and
-ladder.png, in one MLflow parent run with a child run per rung."""
+ladder.png (and with replay.load_levels the load curves and Pareto frontier of the rungs), in one MLflow
+parent run with a child run per rung."""
 from __future__ import annotations
 
 import json
@@ -11,8 +12,9 @@ from omegaconf import DictConfig, OmegaConf
 
 from abtest.ladder import keeps, ladder_chart, ladder_table, rung_opts
 from abtest.verdict import ArmResult, Verdict, verdict_table
-from experiments.ab_run import Arm, base_overrides, compose_arm, gate_config, gate_pair, run_arms
-from experiments.lifecycle import run_status
+from experiments.ab_run import (Arm, base_overrides, check_rung_engines, compose_arm, gate_config, gate_pair,
+                                prepare_arms, run_arms)
+from experiments.load_curves import write_load_curves
 from experiments.tracking import Tracker
 
 
@@ -24,12 +26,19 @@ def run_ladder(cfg: DictConfig, run_dir: Path, overrides: list[str], choices: di
     ladder = OmegaConf.to_object(cfg.ladder)
     base = base_overrides(overrides)
     gate = gate_config(cfg)
+    baseline = Arm("rung0-baseline", list(base), compose_arm(base, []), [])
+    prepare_arms([baseline])  # the rungs differ in opts only: they replay and score the baseline's data
+    check_rung_engines([compose_arm(base, [f"+opt=[{','.join(ladder.rungs[:i])}]"])
+                        for i in range(1, len(ladder.rungs) + 1)])
     with Tracker(OmegaConf.to_object(cfg.tracking), f"ladder:{ladder.name}",
                  {"optladder.kind": "ladder", "ladder": ladder.name}, run_dir=run_dir) as parent:
+        first_runs = []
+
         def run_rung(name: str, opts: list[str]) -> Arm:
-            extra = [f"+opt=[{','.join(opts)}]"] if opts else []
-            arm = Arm(name, [*base, *extra], compose_arm(base, extra), [])
+            extra = [f"+opt=[{','.join(opts)}]"]
+            arm = Arm(name, [*base, *extra], compose_arm(base, extra), [], baseline.prepared) if opts else baseline
             run_arms([arm], ladder.repeats, run_dir, parent.run_id)
+            first_runs.append(arm.runs[0])
             return arm
 
         rungs, accepted = climb(ladder.rungs, ladder.keep_inconclusive, run_rung,
@@ -39,6 +48,8 @@ def run_ladder(cfg: DictConfig, run_dir: Path, overrides: list[str], choices: di
                                                          "accepted": accepted}, indent=2, default=str))
         (run_dir / "ladder.md").write_text(table + "\n")
         ladder_chart(rungs, run_dir / "ladder.png")
+        write_load_curves({f"rung {i}: {'+'.join(r.opts) or 'baseline'}": r.load_levels
+                           for i, r in enumerate(first_runs) if r.load_levels}, run_dir)
         print(table)
         print(f"ladder.json, ladder.md, ladder.png in {run_dir}")
         return 0

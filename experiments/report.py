@@ -15,7 +15,7 @@ ROWS = (("TTFT p50 / p99 (ms)", "perf/ttft_ms_p50", "perf/ttft_ms_p99"),
         ("load / start (s)", "perf/load_s", "perf/start_s"))
 
 
-def _fmt(v) -> str:
+def fmt(v) -> str:
     if v is None:
         return "-"
     return f"{v:.4g}" if abs(v) < 1000 else f"{v:,.0f}"
@@ -24,9 +24,17 @@ def _fmt(v) -> str:
 def results_table(metrics: dict[str, float], title: str) -> str:
     lines = [title, "-" * len(title)]
     for label, a, b in ROWS:
-        vals = _fmt(metrics.get(a)) + ("" if b is None else f" / {_fmt(metrics.get(b))}")
+        vals = fmt(metrics.get(a)) + ("" if b is None else f" / {fmt(metrics.get(b))}")
         lines.append(f"{label:<34} {vals}")
     return "\n".join(lines)
+
+
+def results_markdown(metrics: dict[str, float], title: str) -> str:
+    """The headline table in Markdown: results.md, an artifact of every run."""
+    lines = [f"# {title}", "", "| metric | value |", "|---|---|"]
+    for label, a, b in ROWS:
+        lines.append(f"| {label} | {fmt(metrics.get(a))}{'' if b is None else ' / ' + fmt(metrics.get(b))} |")
+    return "\n".join(lines) + "\n"
 
 
 def footer(run_id: str | None, run_dir, tracking_cfg) -> str:

@@ -11,6 +11,7 @@ from hydra.core.config_store import ConfigStore
 from abtest.gates import GateConfig
 from abtest.soak import SoakConfig
 from backends.faults import FaultConfig
+from backends.profiling import ProfileConfig
 from engine.config import EngineConfig, ModelConfig
 from quality.prompts import QualityConfig
 from traffic.metrics import SLO
@@ -29,6 +30,7 @@ class TrackingConfig:
     uri: str = "sqlite:///mlflow.db"  # relative paths are taken from the project root
     experiment: str = "optladder"
     run_name: Optional[str] = None
+    artifact_location: Optional[str] = None  # a new experiment's; None: beside a SQLite database, else the server's
     system_metrics: bool = True
     system_metrics_interval_s: float = 2.0
 
@@ -90,6 +92,7 @@ class Config:
     ab: Optional[ABConfig] = None
     ladder: Optional[LadderConfig] = None
     soak: Optional[SoakConfig] = None
+    profile: Optional[ProfileConfig] = None  # +profile=torch: a torch profiler trace of the replay's middle
 
 
 def register() -> None:

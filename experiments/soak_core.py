@@ -22,7 +22,8 @@ from abtest.soak import Sample, SoakConfig, as_dicts, bad_table, decide, windows
 from experiments.soak_report import plot_soak, soak_markdown
 from serving.server import serve
 from traffic.bad_requests import KINDS, Target, send_bad
-from traffic.http_driver import HttpReplayConfig, replay_http
+from traffic.http_driver import replay_http
+from traffic.replay_config import Pacing, ReplayConfig
 from traffic.request import Request, RequestRecord
 from traffic.thread_client import replay_threads
 
@@ -88,9 +89,8 @@ def soak_replay(backend, workload: list[Request], cfg: SoakConfig, run_dir: Path
                    threading.Thread(target=_send_bad, args=(bad_plan, target, t0, bad, fb, stop), daemon=True)]
         for t in threads:
             t.start()
-        hcfg = HttpReplayConfig(mode="open", api_key=key, timeout_s=timeout_s, progress=progress,
-                                max_users=cfg.max_users)
-        CLIENTS[cfg.client](requests, server.url, model, hcfg, on_record)
+        rcfg = ReplayConfig(progress=progress, request_timeout_s=timeout_s, max_users=cfg.max_users)
+        CLIENTS[cfg.client](requests, server.url, model, rcfg, Pacing("open"), on_record, key)
         threads[1].join()  # the bad requests end with their schedule
         _wait_idle(engine, server.loop)
         stop.set()

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from backends.launcher import Terminated
 from experiments.snapshot import PROJECT_ROOT
-from experiments.tracking_server import artifact_location, check_driver, check_uri, is_server, redact
+from experiments.tracking_server import check_driver, check_uri, is_server, redact
 
 log = logging.getLogger(__name__)
 PARENT_ENV = "OPTLADDER_PARENT_RUN_ID"
@@ -39,6 +39,35 @@ def resolve_uri(uri: str) -> str:
     if uri.startswith(prefix) and not uri[len(prefix):].startswith("/"):
         return prefix + str(PROJECT_ROOT / uri[len(prefix):])
     return uri
+
+
+def artifact_location(cfg) -> str | None:
+    """Where a new experiment keeps its artifacts: tracking.artifact_location if set; through a tracking server,
+    the server's own store (None: uploaded over HTTP, so a job on another host never writes to a local path
+    there); beside the database for a SQLite store (the project's mlartifacts/ for the default one); else the
+    project's mlartifacts/."""
+    if cfg.artifact_location:
+        return cfg.artifact_location
+    uri = resolve_uri(cfg.uri)
+    if is_server(uri):
+        return None
+    if uri.startswith("sqlite:///"):
+        return (Path(uri[len("sqlite:///"):]).parent / "mlartifacts").as_uri()
+    return (PROJECT_ROOT / "mlartifacts").as_uri()
+
+
+KIND_TAG = "mlflow.experimentKind"  # so the UI opens on the runs table, not on the GenAI traces view
+
+
+def ensure_experiment(client, cfg) -> str:
+    """The experiment's id, created on first use with its artifact location."""
+    exp = client.get_experiment_by_name(cfg.experiment)
+    if exp is None:
+        return client.create_experiment(cfg.experiment, artifact_location(cfg),
+                                        tags={KIND_TAG: "custom_model_development"})
+    if KIND_TAG not in exp.tags:
+        client.set_experiment_tag(exp.experiment_id, KIND_TAG, "custom_model_development")
+    return exp.experiment_id
 
 
 def flatten(d, prefix: str = "") -> dict[str, str]:
@@ -71,7 +100,8 @@ class Tracker:
 
     def __init__(self, cfg, run_name: str, tags: dict[str, str], parent_run_id: str | None = None,
                  run_dir: Path | None = None):
-        self.cfg, self.run_name, self.tags, self.parent_run_id = cfg, run_name, tags, parent_run_id
+        self.cfg, self.tags, self.parent_run_id = cfg, tags, parent_run_id
+        self.run_name = cfg.run_name or run_name
         self.run_dir = None if run_dir is None else Path(run_dir)
         self.enabled = cfg.enabled and not LOST  # a store already lost in this process stays lost
         self.run_id: str | None = None
@@ -106,18 +136,17 @@ class Tracker:
         try:
             check_uri(uri)  # a server that is down fails here, in one probe, before weights load
             mlflow.set_tracking_uri(uri)
-            exp = mlflow.get_experiment_by_name(cfg.experiment)
-            if exp is None:
-                mlflow.create_experiment(cfg.experiment, artifact_location=artifact_location(uri))
+            ensure_experiment(mlflow.tracking.MlflowClient(), cfg)
             mlflow.set_experiment(cfg.experiment)
             if cfg.system_metrics:
                 mlflow.set_system_metrics_sampling_interval(cfg.system_metrics_interval_s)
             parent = self.parent_run_id or os.environ.get(PARENT_ENV)
-            run = mlflow.start_run(run_name=cfg.run_name or self.run_name, tags=self.tags, parent_run_id=parent,
+            run = mlflow.start_run(run_name=self.run_name, tags=self.tags, parent_run_id=parent,
                                    log_system_metrics=cfg.system_metrics, nested=bool(parent))
         except Exception as e:  # noqa: BLE001 - whatever the store's client raises, the answer is the same
             raise TrackingUnreachable(f"tracking.uri={redact(cfg.uri)}: the MLflow store is unreachable "
-                                      f"({_reason(e)}); start it or fix tracking.uri, or run with tracking.enabled=false") from None
+                                      f"({_reason(e)}); start it or fix tracking.uri, or run with "
+                                      "tracking.enabled=false") from None
         self.run_id = run.info.run_id
 
     def _call(self, what: str, call) -> None:
@@ -142,16 +171,19 @@ class Tracker:
             self._call("log_metrics", lambda: self.mlflow.log_metrics({k: float(v) for k, v in metrics.items()},
                                                                       step=step))
 
-    def log_series(self, series: dict[str, list[float]]) -> None:
-        """Curves (one value per step) in batches: one database write per 1000 points, not per point."""
+    def log_series(self, series: dict[str, list[float]], steps: list[int] | None = None,
+                   timestamps_ms: list[int] | None = None) -> None:
+        """Curves in batches (one database write per 1000 points, not per point). steps: one per value
+        (default 0, 1, ...); timestamps_ms: when each value was measured (default now)."""
         if not self.enabled or not series:
             return
         import time
 
         from mlflow.entities import Metric
 
-        ts = int(time.time() * 1000)
-        points = [Metric(k, float(v), ts, i) for k, vs in series.items() for i, v in enumerate(vs)]
+        now = int(time.time() * 1000)
+        points = [Metric(k, float(v), timestamps_ms[i] if timestamps_ms else now, steps[i] if steps else i)
+                  for k, vs in series.items() for i, v in enumerate(vs)]
         client = self.mlflow.tracking.MlflowClient()
         for i in range(0, len(points), 1000):
             self._call("log_batch", lambda i=i: client.log_batch(self.run_id, metrics=points[i:i + 1000]))
@@ -170,10 +202,11 @@ class Tracker:
         if not self.run_id:
             return
         status = ok if isinstance(ok, str) else ("FINISHED" if ok else "FAILED")
+        run_id, self.run_id = self.run_id, None  # ended once: the context manager's exit does nothing more
         if self.enabled:
             self._call("end_run", lambda: self.mlflow.end_run(status=status))
             return
         try:  # lost mid-run: one last try, in case the store is back; never an error of its own
             self.mlflow.end_run(status="FAILED")
         except Exception:  # noqa: BLE001
-            log.warning("MLflow run %s could not be ended: it stays RUNNING in the store", self.run_id)
+            log.warning("MLflow run %s could not be ended: it stays RUNNING in the store", run_id)

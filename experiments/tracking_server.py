@@ -88,13 +88,6 @@ def check_uri(uri: str) -> str:
     return uri
 
 
-def artifact_location(uri: str) -> str | None:
-    """Where a new experiment keeps its artifacts. Through a server: the server's own artifact store
-    (None: mlflow-artifacts:/, uploaded over HTTP), so a job on another host never writes to a local path
-    there. Direct to a database: the project's mlartifacts/ folder, as before."""
-    return None if is_server(uri) else (PROJECT_ROOT / "mlartifacts").as_uri()
-
-
 def redact(uri: str) -> str:
     """postgresql://user:secret@host/db -> postgresql://user:***@host/db, for messages and logs."""
     head, sep, rest = uri.partition("://")

@@ -3,7 +3,8 @@
 Plain Python plus sacrebleu, rouge-score and numpy: no torch, Hydra or MLflow, so it runs from a test
 or a notebook; experiments/ feeds it outputs and logs what `to_metrics` returns.
 """
-from quality.prompts import PROMPT_SETS, PromptItem, QualityConfig, load_prompt_set, prompts_digest
+from quality.item import PromptItem
+from quality.prompts import PROMPT_SETS, QualityConfig, load_prompt_set, prompts_digest
 from quality.review import write_review_html
 from quality.scoring import ControlScores, QualityScores, score_vs_control, score_vs_references, to_metrics
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import html
 from pathlib import Path
 
-from quality.prompts import PromptItem
+from quality.item import PromptItem
 
 _CSS = """
 body { font-family: system-ui, sans-serif; margin: 1.5em; }

@@ -22,7 +22,7 @@ def run(args: list[str], tmp: Path) -> subprocess.CompletedProcess:
 def test_multirun_makes_one_parent_and_a_child_per_job(tmp_path):
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     p = run(["-m", "seed=1,2", "workload.num_requests=8", "quality.num_prompts=4", f"tracking.uri={uri}",
-             f"hydra.sweep.dir={tmp_path / 'sweep'}", *FAST], tmp_path)
+             f"hydra.sweep.dir={tmp_path / 'sweep'}", "replay.load_levels=[10,40]", *FAST], tmp_path)
     assert p.returncode == 0, p.stderr[-3000:]
     mlflow.set_tracking_uri(uri)
     client = MlflowClient()
@@ -36,6 +36,13 @@ def test_multirun_makes_one_parent_and_a_child_per_job(tmp_path):
     assert parents[0].info.status == "FINISHED"
     for job in ("0", "1"):
         assert (tmp_path / "sweep" / job / "summary.json").exists()
+    # named by what differs, the parent by its sweep; the load curves of both jobs on the parent
+    assert sorted(c.info.run_name for c in children) == ["reference:baseline:tiny seed=1",
+                                                          "reference:baseline:tiny seed=2"]
+    assert {c.data.tags["sweep.seed"] for c in children} == {"1", "2"}
+    assert parents[0].info.run_name == "sweep: seed=1,2"
+    assert {"sweep.md", "pareto.md", "pareto.json", "load_curves.png"} <= {
+        a.path for a in client.list_artifacts(parents[0].info.run_id)}
 
 
 def test_ab_lossless_candidate_matches_control_and_writes_a_verdict(tmp_path):

@@ -94,15 +94,21 @@ def test_mlflow_run_has_params_metrics_tags_artifacts(finished):
     assert len(client.get_metric_history(result.run_id, "kv/reserved_gb")) > 1  # KV over time
 
 
-def test_run_that_dies_halfway_is_failed_and_keeps_its_records(tmp_path):
+def test_run_that_dies_halfway_is_failed_and_keeps_its_records(tmp_path, monkeypatch):
+    from backends.engines import ReferenceBackend
+
+    def crash(*args, **kwargs):
+        raise RuntimeError("the quality phase crashed")
+
+    # the replay succeeds, then the engine fails in the quality phase: the run dies after the replay
+    monkeypatch.setattr(ReferenceBackend, "generate", crash)
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    # the replay succeeds, then the quality set cannot be read: the run dies after the replay
-    cfg = compose_config([f"tracking.uri={uri}", "quality=self_instruct", "data.root=/nonexistent"])
-    with pytest.raises(FileNotFoundError, match="nonexistent"):
+    cfg = compose_config([f"tracking.uri={uri}"])
+    with pytest.raises(RuntimeError, match="quality phase crashed"):
         run_experiment(cfg, tmp_path / "out")
     lines = (tmp_path / "out" / "requests.jsonl").read_text().splitlines()
     assert len(lines) == 6
-    assert (tmp_path / "out" / "error.txt").exists()
+    assert "quality phase crashed" in (tmp_path / "out" / "error.txt").read_text()
     mlflow.set_tracking_uri(uri)
     runs = MlflowClient().search_runs([MlflowClient().get_experiment_by_name("optladder").experiment_id])
     assert [r.info.status for r in runs] == ["FAILED"]

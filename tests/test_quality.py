@@ -51,7 +51,7 @@ def test_builtin_too_many_prompts_names_both_numbers():
 @pytest.mark.parametrize("kwargs, needle", [
     ({"name": "nope"}, r"quality.name='nope'.*builtin, alpaca_eval, self_instruct, jsonl"),
     ({"num_prompts": 0}, r"quality.num_prompts must be >= 1, got 0"),
-    ({"max_new_tokens": -1}, r"quality.max_new_tokens must be >= 1, got -1"),
+    ({"max_new_tokens": -1}, r"quality.max_new_tokens must be an integer >= 1 or 'auto', got -1"),
     ({"name": "jsonl"}, r"quality.path"),
 ])
 def test_config_rejects_bad_values(kwargs, needle):

@@ -10,8 +10,10 @@ import time
 
 import pytest
 
-from experiments.tracking_server import (TrackingUnavailable, artifact_location, check_driver, check_server,
-                                         check_uri, redact)
+from experiments.schema import TrackingConfig
+from experiments.snapshot import PROJECT_ROOT
+from experiments.tracking import artifact_location
+from experiments.tracking_server import TrackingUnavailable, check_driver, check_server, check_uri, redact
 from tests.services import ROOT, free_port, mlflow_server, postgres_bin, postgres_cluster
 
 JOBS, STEPS = 3, 60
@@ -57,9 +59,14 @@ def test_a_database_uri_without_its_driver_names_the_package(monkeypatch):
     check_driver("sqlite:///mlflow.db")  # no driver to check
 
 
-def test_artifacts_go_through_a_server_and_to_the_project_folder_otherwise():
-    assert artifact_location("http://127.0.0.1:5000") is None  # the server's proxied store, from any host
-    assert artifact_location("sqlite:////tmp/m.db").endswith("/mlartifacts")
+def test_artifacts_go_through_a_server_beside_sqlite_and_to_the_project_folder_otherwise():
+    def where(uri: str, **kw) -> str | None:
+        return artifact_location(TrackingConfig(uri=uri, **kw))
+
+    assert where("http://127.0.0.1:5000") is None  # the server's proxied store, from any host
+    assert where("sqlite:////tmp/x/m.db") == "file:///tmp/x/mlartifacts"
+    assert where("postgresql+psycopg://u@h/db") == (PROJECT_ROOT / "mlartifacts").as_uri()
+    assert where("http://127.0.0.1:5000", artifact_location="s3://b/p") == "s3://b/p"
     assert redact("postgresql://u:pw@h/db") == "postgresql://u:***@h/db" and redact("sqlite:///a.db") == "sqlite:///a.db"
 
 

@@ -20,7 +20,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from traffic.traces import TraceRow, load_trace, resolve_data_path
+from traffic.data_root import resolve_data_path
+from traffic.traces import TraceRow, load_trace
 
 PROMPT_SOURCES = ("auto", "sharegpt", "builtin")
 SHAREGPT_PATH = "prompts/sharegpt_500.json"  # under the data root
@@ -73,6 +74,12 @@ def materialize(rows: Sequence[TraceRow], pool: TokenPool, tokenizer: Any, seed:
                 block_tokens: int = 512) -> list[list[int]]:
     """Token ids of exactly `row.input_len` per row. A row's own prompt text is used where it has one
     (cut to length, topped up from the pool if short); hash-id rows get their shared blocks."""
+    return materialize_with_sources(rows, pool, tokenizer, seed, block_tokens)[0]
+
+
+def materialize_with_sources(rows: Sequence[TraceRow], pool: TokenPool, tokenizer: Any, seed: int,
+                             block_tokens: int = 512) -> tuple[list[list[int]], list[str]]:
+    """materialize, and where each prompt's tokens came from: own (the row's text), own+pool, pool."""
     if block_tokens < 1:
         raise ValueError(f"block_tokens must be >= 1, got {block_tokens}")
     need = [math.ceil(r.input_len / block_tokens) for r in rows]
@@ -83,18 +90,32 @@ def materialize(rows: Sequence[TraceRow], pool: TokenPool, tokenizer: Any, seed:
     rng = np.random.default_rng(seed)
     starts = rng.choice(len(pool.ids), size=units, replace=units > len(pool.ids)).tolist()
     block_start = dict(zip(hashes, starts))
-    prompts = []
+    prompts, sources = [], []
     for i, (row, nb) in enumerate(zip(rows, need)):
         if row.prompt_text is not None:
             ids = tokenizer.encode(row.prompt_text, add_special_tokens=False)[:row.input_len]
         else:
             ids = [t for h in (row.hash_ids or [])[:nb] for t in pool.window(block_start[h], block_tokens)]
             ids = ids[:row.input_len]
+        own = row.prompt_text is not None and len(ids) > 0
         if len(ids) < row.input_len:
             ids.extend(pool.window(starts[len(hashes) + i], row.input_len - len(ids)))
+            sources.append("own+pool" if own else "pool")
+        else:
+            sources.append("own" if own else "pool")
         assert len(ids) == row.input_len
         prompts.append(ids)
-    return prompts
+    return prompts, sources
+
+
+def sources_label(sources: list[str], pool_source: str) -> str:
+    """Where the prompts' tokens really came from, counted: the label a workload's summary carries."""
+    n = len(sources)
+    parts = [f"{sources.count('own')} of {n} from the trace's own prompt text" if "own" in sources else "",
+             f"{sources.count('own+pool')} of {n} from their own text topped up from {pool_source}"
+             if "own+pool" in sources else "",
+             f"{sources.count('pool')} of {n} cut from {pool_source}" if "pool" in sources else ""]
+    return "; ".join(p for p in parts if p)
 
 
 def prefix_groups(rows: Sequence[TraceRow]) -> list[str | None]:

@@ -7,9 +7,10 @@ When requests are sent is not a replay setting but a property of the workload (i
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from traffic.capacity import MODES as CAPACITY_MODES, validate_search
+from traffic.load_levels import validate_levels
 
 DRIVERS = ("inprocess", "locust")  # inprocess: the engine stepped in this process; locust: over HTTP
 ENDPOINTS = ("completions", "chat")
@@ -33,6 +34,9 @@ class ReplayConfig:
     capacity_hi: float = 64.0
     capacity_iters: int = 6  # bisection probes after lo and hi
     capacity_requests: int = 32  # per probe, the workload's first requests (cycled if fewer)
+    # after the main replay, the same requests at each load: time scales (arrival=trace), rates in req/s
+    # (poisson, gamma) or concurrencies (closed); traffic/load_levels.py
+    load_levels: list[float] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         _one_of("replay.driver", self.driver, DRIVERS)
@@ -44,6 +48,7 @@ class ReplayConfig:
         if not self.request_timeout_s > 0:
             raise ValueError(f"replay.request_timeout_s must be > 0, got {self.request_timeout_s}")
         validate_search(self.capacity_lo, self.capacity_hi, self.capacity_mode, self.capacity_iters)
+        validate_levels(list(self.load_levels), "poisson")  # the arrival-specific check runs with the workload
 
 
 @dataclass(frozen=True)

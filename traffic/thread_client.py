@@ -4,7 +4,7 @@ the locust driver. For machines without locust (the GPU image has neither it nor
 there, traffic/http_driver.py is the better client: it runs in a process of its own, so it takes no
 interpreter time from the engine it measures.
 
-    records = replay_threads(requests, "http://127.0.0.1:8000", "tiny", HttpReplayConfig(), on_record)
+    records = replay_threads(requests, "http://127.0.0.1:8000", "tiny", ReplayConfig(), Pacing("open"), on_record)
 """
 from __future__ import annotations
 
@@ -16,15 +16,17 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Callable
 from urllib.parse import urlparse
 
-from traffic.http_driver import HttpReplayConfig
+from traffic.replay_config import Pacing, ReplayConfig
 from traffic.request import Request, RequestRecord
 from traffic.sse import TokenStream, completion_payload
 
 
-def replay_threads(requests: list[Request], base_url: str, model: str, cfg: HttpReplayConfig,
-                   on_record: Callable[[RequestRecord], None] | None = None) -> list[RequestRecord]:
-    """Replay `requests` (open loop) against `base_url` (without /v1); one record per request, in order."""
-    if cfg.mode != "open" or cfg.endpoint != "completions":
+def replay_threads(requests: list[Request], base_url: str, model: str, cfg: ReplayConfig, pacing: Pacing,
+                   on_record: Callable[[RequestRecord], None] | None = None,
+                   api_key: str | None = None) -> list[RequestRecord]:
+    """Replay `requests` (open loop) against `base_url` (without /v1); one record per request, in order.
+    The arguments are replay_http's (traffic/http_driver.py)."""
+    if pacing.mode != "open" or cfg.endpoint != "completions":
         raise ValueError("the thread client replays open-loop /v1/completions only; use the locust driver")
     url, lock, t0 = urlparse(base_url), threading.Lock(), time.monotonic()
     records: dict[str, RequestRecord] = {}
@@ -35,7 +37,7 @@ def replay_threads(requests: list[Request], base_url: str, model: str, cfg: Http
     def one(r: Request) -> None:
         rec = RequestRecord(r.id, r.scheduled_at, r.input_len, r.output_len)
         try:
-            _send(url, model, r, rec, cfg, clock)
+            _send(url, model, r, rec, cfg, api_key, clock)
         except Exception as e:  # noqa: BLE001 - any failure is this request's error, never a lost record
             rec.ok, rec.error = False, f"client error: {e!r}"
         with lock:
@@ -52,15 +54,15 @@ def replay_threads(requests: list[Request], base_url: str, model: str, cfg: Http
     return [records[r.id] for r in requests]
 
 
-def _send(url, model: str, r: Request, rec: RequestRecord, cfg: HttpReplayConfig, clock) -> None:
+def _send(url, model: str, r: Request, rec: RequestRecord, cfg: ReplayConfig, api_key: str | None, clock) -> None:
     body = json.dumps(completion_payload({"id": r.id, "prompt_token_ids": r.prompt_token_ids,
                                           "output_len": r.output_len, "prompt": r.prompt,
                                           "ignore_eos": r.ignore_eos}, model, chat=False)).encode()
     headers = {"Content-Type": "application/json"}
-    if cfg.api_key:
-        headers["Authorization"] = f"Bearer {cfg.api_key}"
+    if api_key:
+        headers["Authorization"] = f"Bearer {api_key}"
     stream = TokenStream(False, clock)
-    conn = http.client.HTTPConnection(url.hostname, url.port, timeout=cfg.timeout_s)
+    conn = http.client.HTTPConnection(url.hostname, url.port, timeout=cfg.request_timeout_s)
     try:
         rec.sent_at = clock()
         conn.request("POST", "/v1/completions", body, headers)

@@ -26,12 +26,13 @@ import itertools
 import json
 import math
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-DATA_ENV = "OPTLADDER_DATA"
+from traffic.data_root import resolve_data_path
+
 KINDS = ("azure", "mooncake", "jsonl", "sharegpt")
 ON_BAD_ROW = ("error", "skip")
 AZURE_COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
@@ -54,24 +55,11 @@ class LoadedTrace:
     reordered: int
     path: str
     has_timing: bool = True
+    warnings: list[str] = field(default_factory=list)
 
 
 class _BadRow(Exception):
     """One row that cannot be read; turned into a ValueError naming file and line, or skipped."""
-
-
-def resolve_data_path(path: str, data_root: str | None) -> Path:
-    """Absolute paths as they are; relative ones under data_root (else $OPTLADDER_DATA, else the cwd)."""
-    p = Path(path).expanduser()
-    root = None if p.is_absolute() else (data_root or os.environ.get(DATA_ENV))
-    full = Path(root).expanduser() / p if root else p
-    if not full.is_file():
-        searched = f"data root {root!r}" if root else ("no data root (absolute path)" if p.is_absolute()
-                                                        else "no data root set, so the current directory")
-        raise FileNotFoundError(
-            f"data file {path!r} not found at {full} (searched: {searched}); set data.root=<folder> "
-            f"or the environment variable {DATA_ENV} to the folder that holds it, or give an absolute path")
-    return full
 
 
 def load_trace(kind: str, path: str, on_bad_row: str = "error", *, data_root: str | None = None,
@@ -85,29 +73,43 @@ def load_trace(kind: str, path: str, on_bad_row: str = "error", *, data_root: st
     parsed: list[tuple[int | None, TraceRow]] = []
     skipped = 0
     read, build = _FORMATS[kind]
-    for where, raw in read(full):
-        try:
-            ts_ns, row = build(raw, tokenizer)
-            if row.input_len < 0 or row.output_len < 0:
-                raise _BadRow(f"negative token count (input {row.input_len}, output {row.output_len})")
-        except _BadRow as e:
-            if on_bad_row == "skip":
-                skipped += 1
-                continue
-            raise ValueError(f"{full}:{where}: {e} (workload.on_bad_row=skip skips such rows)") from None
-        parsed.append((ts_ns, row))
+    try:
+        for where, raw in read(full):
+            try:
+                ts_ns, row = build(raw, tokenizer)
+                if row.input_len < 0 or row.output_len < 0:
+                    raise _BadRow(f"negative token count (input {row.input_len}, output {row.output_len})")
+            except _BadRow as e:
+                if on_bad_row == "skip":
+                    skipped += 1
+                    continue
+                raise ValueError(f"{full}:{where}: {e} (workload.on_bad_row=skip skips such rows)") from None
+            parsed.append((ts_ns, row))
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{full}: not UTF-8 text ({e.reason} at byte {e.start}); is it the right file?") from None
     if len(parsed) < 2:
         note = f" ({skipped} bad rows skipped)" if skipped else ""
         raise ValueError(f"{full}: the trace has {len(parsed) or 'no'} usable row{'s' * (len(parsed) != 1)}"
                          f"{note}; a workload needs at least 2")
+    warnings = [f"{full}: the last line has no line ending, so the file may have been cut short and its last "
+                f"row may be incomplete; check it"] if kind == "azure" and _cut_short(full) else []
     untimed = sum(ts is None for ts, _ in parsed)
     if untimed == len(parsed):
-        return LoadedTrace([r for _, r in parsed], skipped, 0, str(full), has_timing=False)
+        return LoadedTrace([r for _, r in parsed], skipped, 0, str(full), has_timing=False, warnings=warnings)
     if untimed:
         raise ValueError(f"{full}: {untimed} of {len(parsed)} rows have no timestamp; "
                          f"give every row one, or none (then the trace has no timing)")
     rows, reordered = _sort_by_time(parsed)
-    return LoadedTrace(rows, skipped, reordered, str(full))
+    return LoadedTrace(rows, skipped, reordered, str(full), warnings=warnings)
+
+
+def _cut_short(path: Path) -> bool:
+    """Last byte not a newline: a truncated CSV still parses, its last number possibly wrong."""
+    with open(path, "rb") as f:
+        if f.seek(0, os.SEEK_END) == 0:
+            return False
+        f.seek(-1, os.SEEK_END)
+        return f.read(1) not in (b"\n", b"\r")
 
 
 def _sort_by_time(parsed: list[tuple[int, TraceRow]]) -> tuple[list[TraceRow], int]:
@@ -143,7 +145,7 @@ def _read_sharegpt(path: Path) -> Iterator[tuple[str, Any]]:
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as e:
-        raise ValueError(f"{path}: not valid JSON ({e})") from None
+        raise ValueError(f"{path}:{e.lineno}:{e.colno}: not valid JSON ({e.msg})") from None
     if not isinstance(data, list):
         raise ValueError(f"{path}: expected a JSON list of conversations, got {type(data).__name__}")
     for i, entry in enumerate(data):

@@ -37,7 +37,8 @@ from typing import Any, Optional
 import numpy as np
 
 from traffic.arrivals import gamma_arrivals, mean_rate, poisson_arrivals, trace_arrivals
-from traffic.materialize import PROMPT_SOURCES, build_pool, materialize, prefix_groups, prompt_texts
+from traffic.materialize import (PROMPT_SOURCES, build_pool, materialize_with_sources, prefix_groups, prompt_texts,
+                                 sources_label)
 from traffic.request import Request
 from traffic.sampling import LENGTH_POLICIES, fit_lengths, ks_distance, stratified_sample, window_sample
 from traffic.traces import ON_BAD_ROW, TraceRow, load_trace
@@ -131,10 +132,10 @@ def build_workload(cfg: WorkloadConfig, tokenizer: Any, max_model_len: int,
             stats[f"traffic/ks_{key}"] = ks_distance([getattr(r, key) for r in rows],
                                                      [getattr(r, key) for r in full])
     rows = _scale_blocks(rows, cfg.block_tokens, warnings)
-    rows, changed = fit_lengths(rows, max_model_len, cfg.length_policy)
+    fitted, changed = fit_lengths(rows, max_model_len, cfg.length_policy)
     if changed:
-        warnings.append(f"{changed} of {n} requests changed to fit max_model_len={max_model_len} "
-                        f"(length_policy={cfg.length_policy})")
+        warnings.append(_fit_warning(rows, changed, max_model_len, cfg))
+    rows = fitted
     schedule = _schedule(cfg, full, idx, timed, source)
     requests, text_source = _requests(cfg, rows, schedule, tokenizer, data_root)
     closed = cfg.arrival == "closed"
@@ -142,7 +143,7 @@ def build_workload(cfg: WorkloadConfig, tokenizer: Any, max_model_len: int,
                   "traffic/duration_s": 0.0 if closed else schedule[-1] - schedule[0],
                   "traffic/mean_rate_req_s": 0.0 if closed else mean_rate(schedule)})
     return Workload(requests, "closed" if closed else "open", cfg.concurrency, stats, warnings,
-                    f"{source}; prompts from {text_source}")
+                    f"{source}; prompts: {text_source}")
 
 
 def _load(cfg: WorkloadConfig, tokenizer: Any, data_root: str | None, stats: dict[str, float],
@@ -158,6 +159,7 @@ def _load(cfg: WorkloadConfig, tokenizer: Any, data_root: str | None, stats: dic
     if cfg.name == "sharegpt":  # prompts only: output lengths as for the builtin workload
         outs = _log_normal(cfg.output_len_range, len(rows), cfg.seed + 3)
         rows = [TraceRow(0.0, r.input_len, o, prompt_text=r.prompt_text) for r, o in zip(rows, outs)]
+    warnings.extend(trace.warnings)
     stats["traffic/skipped_rows"] = float(trace.skipped)
     stats["traffic/reordered_rows"] = float(trace.reordered)
     if trace.skipped:
@@ -172,12 +174,29 @@ def _requests(cfg: WorkloadConfig, rows: list[TraceRow], schedule: list[float], 
     # builtin stays self-contained: the same requests with or without a data folder
     source = "builtin" if cfg.name == "builtin" and cfg.prompt_source == "auto" else cfg.prompt_source
     texts, text_source = prompt_texts(source, data_root, tokenizer)
-    prompts = materialize(rows, build_pool(texts, tokenizer, text_source), tokenizer, cfg.seed + 2,
-                          cfg.block_tokens)
+    prompts, sources = materialize_with_sources(rows, build_pool(texts, tokenizer, text_source), tokenizer,
+                                                cfg.seed + 2, cfg.block_tokens)
     requests = [Request(id=f"req-{i:05d}", prompt_token_ids=ids, output_len=r.output_len, scheduled_at=t,
                         prompt=tokenizer.decode(ids), ignore_eos=True, prefix_group=g)
                 for i, (r, ids, t, g) in enumerate(zip(rows, prompts, schedule, prefix_groups(rows)))]
-    return requests, text_source
+    return requests, sources_label(sources, text_source)
+
+
+def _fit_warning(rows: list[TraceRow], changed: int, max_model_len: int, cfg: WorkloadConfig) -> str:
+    """How many requests did not fit, and the settings under which they would."""
+    n = len(rows)
+    verb = "clipped" if cfg.length_policy == "clip" else "scaled down"
+    msg = (f"{changed} of {n} requests ({changed / n:.0%}) exceed engine.max_model_len={max_model_len} and were "
+           f"{verb} (workload.length_policy={cfg.length_policy}); engine.max_model_len="
+           f"{max(r.input_len + r.output_len for r in rows)} fits them all")
+    hashed = [r for r in rows if r.hash_ids and r.output_len < max_model_len]
+    if hashed:  # hash-block rows shrink with block_tokens: the largest that fits every such row
+        fit = min(cfg.block_tokens * (max_model_len - r.output_len) / max(1, r.input_len) for r in hashed)
+        if 1 <= fit < cfg.block_tokens:
+            msg += f", or workload.block_tokens={int(fit)} (prompt blocks of {int(fit)} tokens instead of 512)"
+    if changed > n / 2:
+        msg += ". Most requests changed: this replay does not have the trace's lengths"
+    return msg
 
 
 def _log_normal(bounds: list[int], n: int, seed: int) -> list[int]:

@@ -1,0 +1,68 @@
+"""Load levels on plain data: the schedules each level sends, the per-level metrics, the Pareto frontier."""
+from __future__ import annotations
+
+import pytest
+
+from experiments.load_curves import pareto_frontier, points, write_load_curves
+from traffic.arrivals import gamma_arrivals, poisson_arrivals
+from traffic.load_levels import level_metrics, plan_levels
+from traffic.request import Request, RequestRecord
+
+
+def requests(times: list[float]) -> list[Request]:
+    return [Request(f"r{i}", [1, 2, 3], 4, scheduled_at=t) for i, t in enumerate(times)]
+
+
+def test_a_rate_level_is_the_schedule_drawn_at_that_rate():
+    base = poisson_arrivals(50, 2.0, seed=4)
+    for level in (0.5, 8.0):
+        got = [r.scheduled_at for r in plan_levels(requests(base), [level], "poisson", 1.0, 2.0)[0].requests]
+        assert got == pytest.approx(poisson_arrivals(50, level, seed=4))
+    g = gamma_arrivals(50, 2.0, 3.0, seed=4)
+    got = [r.scheduled_at for r in plan_levels(requests(g), [6.0], "gamma", 1.0, 2.0)[0].requests]
+    assert got == pytest.approx(gamma_arrivals(50, 6.0, 3.0, seed=4))
+
+
+def test_trace_levels_are_time_scales_and_closed_levels_concurrencies():
+    base = [0.0, 1.0, 3.0]  # already replayed at time_scale 2
+    half, slow = plan_levels(requests(base), [1.0, 4.0], "trace", 2.0, 99.0)
+    assert [r.scheduled_at for r in half.requests] == [0.0, 0.5, 1.5]
+    assert [r.scheduled_at for r in slow.requests] == [0.0, 2.0, 6.0]
+    assert (half.knob, half.index, slow.index) == ("workload.time_scale", 0, 1)
+    closed = plan_levels(requests(base), [1, 8], "closed", 1.0, 1.0)
+    assert [(p.mode, p.concurrency) for p in closed] == [("closed", 1), ("closed", 8)]
+    with pytest.raises(ValueError, match="whole number"):
+        plan_levels(requests(base), [2.5], "closed", 1.0, 1.0)
+    with pytest.raises(ValueError, match="> 0"):
+        plan_levels(requests(base), [0], "poisson", 1.0, 1.0)
+
+
+def record(i: int, sent: float, done: float, tokens: int) -> RequestRecord:
+    return RequestRecord(f"r{i}", sent, 3, tokens, sent_at=sent, first_token_at=sent + 0.5, finished_at=done,
+                         output_tokens=tokens, token_times=[sent + 0.5, done], ok=True)
+
+
+def test_per_user_throughput_is_throughput_over_requests_in_flight():
+    # two requests, each in flight for 2 s of a 3 s makespan: 4/3 in flight on average; 30 tokens in 3 s
+    m = level_metrics([record(0, 0.0, 2.0, 10), record(1, 1.0, 3.0, 20)], gpus=2)
+    assert m["load/throughput_out_tok_s"] == pytest.approx(10.0)
+    assert m["load/mean_in_flight"] == pytest.approx(4 / 3)
+    assert m["load/out_tok_s_per_user"] == pytest.approx(7.5)
+    assert m["load/out_tok_s_per_gpu"] == pytest.approx(5.0)
+    assert m["load/requests_ok"] == 2 and "load/e2e_ms_p99" in m
+
+
+def level(i: int, user: float, gpu: float) -> dict:
+    return {"index": i, "knob": "workload.rate", "value": float(i + 1),
+            "metrics": {"load/out_tok_s_per_user": user, "load/out_tok_s_per_gpu": gpu,
+                        "load/throughput_out_tok_s": gpu, "load/e2e_ms_p99": 100.0 * (i + 1)}}
+
+
+def test_pareto_frontier_keeps_only_undominated_points(tmp_path):
+    curves = {"a": [level(0, 10, 100), level(1, 5, 300)], "b": [level(0, 8, 90), level(1, 4, 350), level(2, 1, 340)]}
+    front = pareto_frontier(points(curves))
+    assert [(p["config"], p["per_user"], p["per_gpu"]) for p in front] == [("b", 4, 350), ("a", 5, 300), ("a", 10, 100)]
+    written = write_load_curves(curves, tmp_path)
+    assert {p.name for p in written} == {"pareto.json", "pareto.md", "load_curves.png"}
+    assert "| b | workload.rate=2 | 4 | 350 |" in (tmp_path / "pareto.md").read_text()
+    assert write_load_curves({"c": []}, tmp_path / "none") == []
