@@ -55,16 +55,22 @@ GROUPS = {
         ["tests/test_metrics.py", "tests/test_sampling.py", "tests/test_traces.py", "tests/test_capacity.py",
          "tests/test_workload.py", "tests/test_http_driver.py::test_token_stream_parsing",
          "tests/test_http_driver.py::test_payload_sends_token_ids_and_asks_for_exact_lengths",
-         "tests/test_http_driver.py::test_bad_config_is_refused"],
-        skip=["traffic/http_driver.py", "traffic/locust_worker.py", "traffic/replay.py"],
-        why="the HTTP driver and its locust worker run in a child process behind a live server (their tests take "
-            "minutes and mutmut cannot see which test reaches which function in another process); the in-process "
-            "driver has its own group, `replay`, since each of its mutants needs a real engine"),
+         "tests/test_http_driver.py::test_bad_config_is_refused", "tests/test_load_levels.py",
+         "tests/test_replay_config.py"],
+        skip=["traffic/http_driver.py", "traffic/locust_worker.py", "traffic/replay.py", "traffic/thread_client.py",
+              "traffic/bad_requests.py"],
+        why="the HTTP clients (the locust driver and its worker, the thread client, the bad-request sender) run "
+            "against a live server (their tests take minutes and mutmut cannot see which test reaches which "
+            "function in another process; tests/test_soak.py runs them end to end); the in-process driver has "
+            "its own group, `replay`, since each of its mutants needs a real engine"),
     "replay": Group(["traffic/replay.py"], ["tests/test_replay.py"], forkserver=True),
     "abtest": Group(["abtest/"], ["tests/test_gates.py", "tests/test_abtest_stats.py", "tests/test_verdict.py",
                                   "tests/test_gate_config.py", "tests/test_paired_stats.py", "tests/test_rollout.py",
-                                  "tests/test_lossless.py", "tests/test_ladder.py", "--deselect",
-                                  "tests/test_ladder.py::test_ladder_through_run_py_on_the_tiny_model"]),
+                                  "tests/test_lossless.py", "tests/test_ladder.py", "tests/test_soak.py",
+                                  "tests/test_aa.py::test_sweep_summary_measures_run_noise_and_covers_zero_out_of_sample",
+                                  "--deselect", "tests/test_ladder.py::test_ladder_through_run_py_on_the_tiny_model",
+                                  "--deselect", "tests/test_soak.py::test_a_short_soak_end_to_end",
+                                  "--deselect", "tests/test_soak.py::test_every_soak_config_composes"]),
     "scoring": Group(["quality/scoring.py"], ["tests/test_quality.py"]),
 }
 

@@ -100,5 +100,6 @@ def record_skipped(conf, run_dir: Path, tags: dict[str, str], reason: str) -> st
     name = f"{run_name(conf, opts, tags)} (skipped)"
     Path(run_dir).mkdir(parents=True, exist_ok=True)
     (Path(run_dir) / SKIPPED_FILE).write_text(json.dumps({"run_name": name, "skipped": reason}, indent=2))
-    Tracker(conf.tracking, name, tags).end(False, status="KILLED")
+    with Tracker(conf.tracking, name, tags) as tracker:
+        tracker.end("KILLED")
     return name

@@ -3,6 +3,7 @@ each caller gets its own tokens in order, a refused request does not stop the ot
 every waiting caller hears why instead of hanging."""
 from __future__ import annotations
 
+import queue
 import threading
 
 import pytest
@@ -17,6 +18,24 @@ def greedy(n: int) -> SamplingParams:
 
 
 PROMPTS = {f"req-{i}": [7 + i] * (5 + 3 * i) for i in range(6)}
+
+
+def stream(loop: EngineLoop, rid: str, prompt: list[int], params: SamplingParams):
+    """What an HTTP handler does: submit with an outbox of its own, then read it to the finished event; a
+    refusal or the loop's end arrives there as an exception (submit itself raises once the loop is dead)."""
+    out: queue.Queue = queue.Queue()
+    loop.submit(rid, prompt, params, out)
+
+    def events():
+        while True:
+            item = out.get(timeout=60)
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+            if item.finished:
+                return
+
+    return events()
 
 
 @pytest.fixture(scope="module")
@@ -37,7 +56,7 @@ def test_concurrent_callers_each_get_their_own_tokens_in_order(engine, reference
     got: dict[str, list] = {}
 
     def call(i: int, rid: str) -> None:
-        got[rid] = list(loop.submit(rid, PROMPTS[rid], greedy(4 + i)))
+        got[rid] = list(stream(loop, rid, PROMPTS[rid], greedy(4 + i)))
 
     threads = [threading.Thread(target=call, args=(i, rid)) for i, rid in enumerate(PROMPTS)]
     for t in threads:
@@ -54,8 +73,8 @@ def test_concurrent_callers_each_get_their_own_tokens_in_order(engine, reference
 
 def test_a_refused_request_raises_for_its_caller_only(engine):
     loop = EngineLoop(engine)
-    too_long = loop.submit("long", [3] * (MAX_LEN + 1), greedy(2))
-    fine = loop.submit("fine", [3] * 8, greedy(3))
+    too_long = stream(loop, "long", [3] * (MAX_LEN + 1), greedy(2))
+    fine = stream(loop, "fine", [3] * 8, greedy(3))
     with pytest.raises(ValueError):
         next(too_long)
     assert len(list(fine)) == 3
@@ -80,19 +99,19 @@ class DiesOnStep:
 
 def test_when_the_engine_dies_every_caller_hears_why_and_later_submits_are_refused():
     loop = EngineLoop(DiesOnStep())
-    stream = loop.submit("a", [3] * 8, greedy(10))
+    events = stream(loop, "a", [3] * 8, greedy(10))
     with pytest.raises(EngineDead, match="device lost"):
-        list(stream)
+        list(events)
     loop.thread.join(10)
     assert "device lost" in loop.dead
     with pytest.raises(EngineDead, match="device lost"):
-        loop.submit("b", [3] * 8, greedy(2))
+        stream(loop, "b", [3] * 8, greedy(2))
 
 
 def test_stop_ends_the_loop_and_refuses_what_comes_after(engine):
     loop = EngineLoop(engine)
-    assert len(list(loop.submit("a", [3] * 8, greedy(2)))) == 2
+    assert len(list(stream(loop, "a", [3] * 8, greedy(2)))) == 2
     loop.stop()
     assert not loop.thread.is_alive() and loop.dead == "server shut down"
     with pytest.raises(EngineDead, match="shut down"):
-        loop.submit("b", [3] * 8, greedy(2))
+        stream(loop, "b", [3] * 8, greedy(2))

@@ -14,7 +14,8 @@ from experiments.tracking import PARENT_ENV
 
 
 def sweep_config(uri: str, enabled: bool = True):
-    return OmegaConf.create({"tracking": {"enabled": enabled, "uri": uri, "experiment": "optladder"},
+    return OmegaConf.create({"tracking": {"enabled": enabled, "uri": uri, "experiment": "optladder",
+                                          "artifact_location": None},
                              "hydra": {"overrides": {"task": ["seed=1,2"]}, "sweep": {"dir": "/tmp/sweep"}}})
 
 

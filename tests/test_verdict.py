@@ -14,6 +14,9 @@ from tests.test_gates import arm, by_name
 from traffic.metrics import compute_metrics
 from traffic.request import RequestRecord
 
+NOISE = {"perf/e2e_ms_p99": 0.02, "perf/ttft_ms_p50": 0.02}  # an A/A-measured run-to-run SD: one run pair decides
+RUN = "over 1 run pair(s) (0 requests dropped; run noise SD 2.0% from 0 df of the pairs and gate.run_noise 2.0% x 4)"
+
 
 @pytest.mark.parametrize("alpha, z", [(0.05, 1.960), (0.10, 1.645)])
 def test_the_interval_has_the_coverage_it_is_reported_with(alpha, z):
@@ -29,7 +32,7 @@ def test_the_interval_has_the_coverage_it_is_reported_with(alpha, z):
 
 
 def test_the_reason_names_the_confidence_the_gate_used():
-    cfg = GateConfig(alpha=0.10, control_agreement_min={})
+    cfg = GateConfig(alpha=0.10, control_agreement_min={}, run_noise=NOISE)
     g = by_name(decide(arm("c"), arm("k"), cfg, False))
     assert "[90% CI" in g["quality_non_inferiority:quality/bleu_vs_ref"].reason
     assert "[90% CI" in g["latency_max_regression:perf/e2e_ms_p99"].reason
@@ -76,7 +79,7 @@ EVERY_GATE = GateConfig(quality_margins_rel={"quality/bleu_vs_ref": 0.003},
                         control_agreement_min={"quality/bleu_vs_control": 99.7},
                         latency_gains={"perf/throughput_req_s": 0.1, "perf/ttft_ms_p50": 0.0},
                         latency_max_regression={"perf/e2e_ms_p99": 0.1}, memory_ceilings_gb={"perf/peak_mem_gb": 80},
-                        n_boot=200)
+                        n_boot=200, run_noise=NOISE)
 
 
 def test_every_gate_reports_its_numbers_and_status():
@@ -99,24 +102,23 @@ def test_every_gate_reports_its_numbers_and_status():
          "+100.00% (point values); required at least 10.00% better -> pass", 10.0, 20.0),
         # TTFT median 1.5 s / 4
         ("latency_gain", "perf/ttft_ms_p50", "pass", "perf/ttft_ms_p50: control 375, candidate 187.5; change "
-         "-50.00% [95% CI -50.00%, -50.00%; n=20] paired by request (0 dropped); allowed at most 0.00% worse -> pass",
-         375.0, 187.5),
+         f"-50.00% [95% CI -52.70%, -47.15%; n=20] {RUN}; allowed at most 0.00% worse -> pass", 375.0, 187.5),
         # p99 of 20 even steps from 1 to 2 s: 1 + 18.81/19 s
         ("latency_max_regression", "perf/e2e_ms_p99", "pass", "perf/e2e_ms_p99: control 1990, candidate 995; change "
-         "-50.00% [95% CI -50.00%, -50.00%; n=20] paired by request (0 dropped); allowed at most 10.00% worse -> pass",
-         1990.0, 995.0),
+         f"-50.00% [95% CI -52.70%, -47.15%; n=20] {RUN}; allowed at most 10.00% worse -> pass", 1990.0, 995.0),
         ("memory_ceiling", "perf/peak_mem_gb", "pass", "perf/peak_mem_gb: candidate 80 GB (control 70 GB), ceiling "
          "80 GB -> pass", 70.0, 80.0)]
 
 
 def test_a_slower_bigger_candidate_fails_its_latency_and_memory_gates():
     cfg = GateConfig(quality_margins_rel={}, control_agreement_min={}, latency_max_regression={"perf/e2e_ms_p99": 0.1},
-                     latency_gains={"perf/throughput_req_s": 0.0}, memory_ceilings_gb={"perf/peak_mem_gb": 80}, n_boot=200)
+                     latency_gains={"perf/throughput_req_s": 0.0}, memory_ceilings_gb={"perf/peak_mem_gb": 80}, n_boot=200,
+                     run_noise=NOISE)
     v = decide(even_arm("c"), even_arm("k", 1.5, extra={"perf/peak_mem_gb": 80.5}), cfg, False)
     assert v.status == "fail" and [g.status for g in v.gates] == ["fail", "fail", "fail"]
     assert results(v)[0][3] == ("perf/throughput_req_s: control 10, candidate 6.667; change -33.33% (point values); "
                                 "allowed at most 0.00% worse -> fail")
-    assert results(v)[1][3].endswith("change +50.00% [95% CI +50.00%, +50.00%; n=20] paired by request (0 dropped); "
+    assert results(v)[1][3].endswith(f"change +50.00% [95% CI +41.90%, +58.56%; n=20] {RUN}; "
                                      "allowed at most 10.00% worse -> fail")
     assert results(v)[2] == ("memory_ceiling", "perf/peak_mem_gb", "fail", "perf/peak_mem_gb: candidate 80.5 GB, "
                              "ceiling 80 GB -> fail", None, 80.5)
@@ -124,7 +126,8 @@ def test_a_slower_bigger_candidate_fails_its_latency_and_memory_gates():
 
 def test_too_few_pairs_and_unmeasured_metrics_are_inconclusive_with_the_reason():
     cfg = GateConfig(quality_margins_rel={"quality/bleu_vs_ref": 0.003}, control_agreement_min={},
-                     latency_max_regression={"perf/e2e_ms_p99": 0.1}, memory_ceilings_gb={"perf/peak_mem_gb": 80})
+                     latency_max_regression={"perf/e2e_ms_p99": 0.1}, memory_ceilings_gb={"perf/peak_mem_gb": 80},
+                     run_noise=NOISE)
     v = decide(even_arm("c", n=5), even_arm("k", 1.2, n=5), cfg, candidate_lossless=True)
     assert (v.status, v.exit_code) == ("inconclusive", 2)
     assert results(v) == [
@@ -133,7 +136,7 @@ def test_too_few_pairs_and_unmeasured_metrics_are_inconclusive_with_the_reason()
         ("exact_match", "quality/exact_match_vs_control", "inconclusive",
          "quality/exact_match_vs_control was not measured in the candidate arm", 1.0, None),
         ("latency_max_regression", "perf/e2e_ms_p99", "inconclusive", "perf/e2e_ms_p99: control 1990, candidate 2388; "
-         "change +20.00%, but only 5 paired requests (0 dropped), fewer than gate.min_pairs=10", 1990.0, 2388.0),
+         "change +20.00%, but only 5 requests ok in every run (0 dropped), fewer than gate.min_pairs=10", 1990.0, 2388.0),
         ("memory_ceiling", "perf/peak_mem_gb", "inconclusive",
          "perf/peak_mem_gb was not measured in the control and candidate arms", None, None)]
 
@@ -154,10 +157,11 @@ def test_quality_on_point_values_and_on_a_control_that_scores_zero():
 
 
 def test_a_latency_change_against_a_zero_control_is_undefined_not_a_pass():
-    cfg = GateConfig(quality_margins_rel={}, control_agreement_min={}, latency_max_regression={"perf/ttft_ms_p50": 0.1})
+    cfg = GateConfig(quality_margins_rel={}, control_agreement_min={}, latency_max_regression={"perf/ttft_ms_p50": 0.1},
+                     run_noise=NOISE)
     v = decide(even_arm("c", ttft_share=0.0), even_arm("k"), cfg, False)
     assert results(v) == [("latency_max_regression", "perf/ttft_ms_p50", "inconclusive", "perf/ttft_ms_p50: control 0, "
-                           "candidate 375; change undefined: relative delta is undefined: the control statistic is 0",
+                           "candidate 375; change +inf; no interval: latencies must be finite and > 0 for a log ratio",
                            0.0, 375.0)]
 
 
