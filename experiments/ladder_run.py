@@ -15,7 +15,20 @@ from abtest.verdict import ArmResult, Verdict, verdict_table
 from experiments.ab_run import (Arm, base_overrides, check_rung_engines, compose_arm, gate_config, gate_pair,
                                 prepare_arms, run_arms)
 from experiments.load_curves import write_load_curves
+from experiments.resume import resume_rung
 from experiments.tracking import Tracker
+from quality.prompts import prompts_digest
+from traffic.request import requests_digest
+
+
+def free_device_memory() -> None:
+    import gc
+
+    import torch
+
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
 
 
 RunRung = Callable[[str, list[str]], Arm]  # (arm name, opts on) -> the arm, its runs done
@@ -23,6 +36,8 @@ Judge = Callable[[Arm, Arm], tuple[Verdict, ArmResult]]  # (last accepted, candi
 
 
 def run_ladder(cfg: DictConfig, run_dir: Path, overrides: list[str], choices: dict) -> int:
+    """ladder.resume_from: rungs that finished in that earlier run directory are read back, not run
+    (experiments/resume.py); ladder.stop_on_error: whether a rung that raises ends the ladder."""
     ladder = OmegaConf.to_object(cfg.ladder)
     base = base_overrides(overrides)
     gate = gate_config(cfg)
@@ -34,15 +49,23 @@ def run_ladder(cfg: DictConfig, run_dir: Path, overrides: list[str], choices: di
                  {"optladder.kind": "ladder", "ladder": ladder.name}, run_dir=run_dir) as parent:
         first_runs = []
 
+        p = baseline.prepared
+        digests = (requests_digest(p.workload.requests), prompts_digest(p.items))
+
         def run_rung(name: str, opts: list[str]) -> Arm:
             extra = [f"+opt=[{','.join(opts)}]"]
             arm = Arm(name, [*base, *extra], compose_arm(base, extra), [], baseline.prepared) if opts else baseline
-            run_arms([arm], ladder.repeats, run_dir, parent.run_id)
+            earlier = ladder.resume_from and resume_rung(Path(ladder.resume_from), name, ladder.repeats,
+                                                         arm.resolved, digests, run_dir)
+            if earlier:
+                arm.runs = earlier
+            else:
+                run_arms([arm], ladder.repeats, run_dir, parent.run_id)
             first_runs.append(arm.runs[0])
             return arm
 
         rungs, accepted = climb(ladder.rungs, ladder.keep_inconclusive, run_rung,
-                                lambda prev, cand: gate_pair(prev, cand, gate)[:2])
+                                lambda prev, cand: gate_pair(prev, cand, gate)[:2], ladder.stop_on_error)
         table = ladder_table(rungs)
         (run_dir / "ladder.json").write_text(json.dumps({"ladder": ladder.name, "rungs": rungs,
                                                          "accepted": accepted}, indent=2, default=str))
@@ -55,9 +78,12 @@ def run_ladder(cfg: DictConfig, run_dir: Path, overrides: list[str], choices: di
         return 0
 
 
-def climb(opts: list[str], keep_inconclusive: bool, run_rung: RunRung, judge: Judge) -> tuple[list[dict], list[str]]:
+def climb(opts: list[str], keep_inconclusive: bool, run_rung: RunRung, judge: Judge,
+          stop_on_error: bool = False) -> tuple[list[dict], list[str]]:
     """The baseline, then one rung per opt: the accepted opts plus this one, judged against the last
-    accepted rung. Returns one row per rung (ladder.json's) and the opts accepted at the end."""
+    accepted rung. Returns one row per rung (ladder.json's) and the opts accepted at the end. A rung whose
+    run raises (a CUDA out-of-memory, a crash) is left out with status `error` and its reason, and the
+    ladder goes on, unless stop_on_error; the baseline's error always ends it (nothing to judge against)."""
     prev = run_rung("rung0-baseline", [])
     rungs = [{"rung": 0, "opt": None, "opts": [], "status": "baseline", "accepted_rung": 0,
               "metrics": prev.runs[0].metrics, "run_id": prev.runs[0].run_id}]
@@ -65,7 +91,18 @@ def climb(opts: list[str], keep_inconclusive: bool, run_rung: RunRung, judge: Ju
     accepted_rung = 0
     for i, opt in enumerate(opts, 1):
         on = rung_opts(accepted, opt)
-        cand = run_rung(f"rung{i}-{opt}", on)
+        try:
+            cand = run_rung(f"rung{i}-{opt}", on)
+        except Exception as e:  # noqa: BLE001 - what a rung hit is its row's reason; KeyboardInterrupt still ends it
+            if stop_on_error:
+                raise
+            reason = f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"[:500]
+            del e
+            free_device_memory()  # an out-of-memory rung must not leave its tensors to the next one
+            print(f"rung {i} (+{opt}) vs rung {accepted_rung}: ERROR, left out: {reason}")
+            rungs.append({"rung": i, "opt": opt, "opts": on, "status": "error", "kept": False,
+                          "accepted_rung": accepted_rung, "metrics": {}, "run_id": None, "reason": reason})
+            continue
         verdict, cres = judge(prev, cand)
         print(f"rung {i} (+{opt}) vs rung {accepted_rung}:\n{verdict_table(verdict)}")
         keep = keeps(verdict.status, keep_inconclusive)

@@ -65,6 +65,8 @@ class LadderConfig:
     rungs: list[str] = field(default_factory=list)  # opt names, one added per rung
     repeats: int = 1
     keep_inconclusive: bool = True  # a rung that fails is always left out; an undecided one is kept, flagged
+    stop_on_error: bool = False  # a rung that raises (e.g. CUDA out of memory) is left out and the ladder goes on
+    resume_from: Optional[str] = None  # an earlier run directory of this ladder: its finished rungs are reused
 
     def __post_init__(self) -> None:
         from engine.opts import OPTS

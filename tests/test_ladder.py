@@ -7,6 +7,7 @@ from pathlib import Path
 
 import mlflow
 import numpy as np
+import pytest
 from mlflow.tracking import MlflowClient
 from omegaconf import OmegaConf
 
@@ -16,6 +17,7 @@ from engine.opts import OPTS
 from experiments.ab_run import Arm, gate_pair
 from experiments.experiment import ExperimentResult
 from experiments.ladder_run import climb
+from experiments.resume import load_result, resume_rung, why_not
 from traffic.request import RequestRecord
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -88,18 +90,31 @@ def test_an_undecided_rung_is_kept_only_when_the_ladder_says_so():
         assert ran[2][1] == want and accepted == want
 
 
-def test_ladder_through_run_py_on_the_tiny_model(tmp_path):
-    """The real thing, small: the baseline and one rung, real runs gated, with its files and MLflow runs."""
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    out = tmp_path / "ladder"
-    args = ["+ladder=seed", "ladder.rungs=[batched_decode]", "model=tiny", "workload.num_requests=6",
-            "workload.rate=20", "workload.input_len_range=[8,32]", "workload.output_len_range=[2,8]", "quality.num_prompts=2", "quality.max_new_tokens=8", "replay.progress=false",
-            "engine.kv_cache_gb=0.05", "engine.max_model_len=1024", "tracking.system_metrics=false",
-            f"tracking.uri={uri}", f"hydra.run.dir={out}"]
+def tiny_ladder_args(out: Path, uri: str, rungs: str) -> list[str]:
+    return ["+ladder=seed", f"ladder.rungs={rungs}", "model=tiny", "workload.num_requests=6", "workload.rate=20",
+            "workload.input_len_range=[8,32]", "workload.output_len_range=[2,8]", "quality.num_prompts=2",
+            "quality.max_new_tokens=8", "replay.progress=false", "engine.kv_cache_gb=0.05", "engine.max_model_len=1024",
+            "tracking.system_metrics=false", f"tracking.uri={uri}", f"hydra.run.dir={out}"]
+
+
+def run_py(args: list[str]) -> subprocess.CompletedProcess:
     env = {**os.environ, "OPTLADDER_CACHE": os.environ.get("OPTLADDER_CACHE", str(ROOT / ".cache"))}
-    p = subprocess.run([sys.executable, "run.py", *args], cwd=ROOT, env=env, capture_output=True, text=True,
-                       timeout=900)
+    return subprocess.run([sys.executable, "run.py", *args], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=900)
+
+
+@pytest.fixture(scope="module")
+def tiny_ladder(tmp_path_factory):
+    """The real thing, small: the baseline and one rung, real runs gated, with its files and MLflow runs."""
+    tmp = tmp_path_factory.mktemp("ladder")
+    uri, out = f"sqlite:///{tmp / 'mlflow.db'}", tmp / "ladder"
+    p = run_py(tiny_ladder_args(out, uri, "[batched_decode]"))
     assert p.returncode == 0, p.stderr[-3000:]
+    return tmp, uri, out
+
+
+def test_ladder_through_run_py_on_the_tiny_model(tiny_ladder):
+    _, uri, out = tiny_ladder
     ladder = json.loads((out / "ladder.json").read_text())
     rows = ladder["rungs"]
     assert [(r["rung"], r["opt"], r["opts"]) for r in rows] == [(0, None, []),
@@ -118,6 +133,65 @@ def test_ladder_through_run_py_on_the_tiny_model(tmp_path):
     assert {c.info.run_id for c in children} == {r["run_id"] for r in rows}
     assert {a.path for a in client.list_artifacts(parents[0].info.run_id)} >= {"ladder.json", "ladder.md",
                                                                               "ladder.png"}
+
+
+def test_a_resumed_ladder_reads_back_the_rungs_that_finished_and_runs_the_rest(tiny_ladder):
+    tmp, uri, first = tiny_ladder
+    before = json.loads((first / "ladder.json").read_text())["rungs"]
+    (first / "rung1-batched_decode-r0" / "summary.json").rename(tmp / "summary.json")  # as if cut off mid-rung
+    try:
+        out = tmp / "resumed"
+        p = run_py([*tiny_ladder_args(out, uri, "[batched_decode,paged_kv]"), f"ladder.resume_from={first}"])
+    finally:
+        (tmp / "summary.json").rename(first / "rung1-batched_decode-r0" / "summary.json")
+    assert p.returncode == 0, p.stderr[-3000:]
+    rows = json.loads((out / "ladder.json").read_text())["rungs"]
+    assert [r["opt"] for r in rows] == [None, "batched_decode", "paged_kv"]
+    assert rows[0]["run_id"] == before[0]["run_id"]  # read back, not run: the earlier run's id
+    assert rows[0]["metrics"] == before[0]["metrics"]
+    assert rows[1]["run_id"] != before[1]["run_id"] and rows[2]["run_id"] not in {r["run_id"] for r in before}
+    assert (out / "rung0-baseline-r0" / "requests.jsonl").is_file()  # the new ladder's directory is whole
+    said = p.stdout + p.stderr
+    assert "resume: rung0-baseline taken from" in said and "rung1-batched_decode runs again" in said
+
+
+def test_an_earlier_rung_of_other_settings_or_data_is_not_taken(tiny_ladder, tmp_path):
+    _, _, first = tiny_ladder
+    res = load_result(first / "rung0-baseline-r0")
+    resolved = res.snapshot["resolved_config"]
+    digests = (res.requests_digest, res.prompts_digest)
+    assert why_not(res, resolved, digests) is None
+    other = {**resolved, "engine": {**resolved["engine"], "max_num_seqs": 3}}
+    assert why_not(res, other, digests) == "its settings differ in ['engine']"
+    assert why_not(res, resolved, ("x", digests[1])) == "it replayed or scored different data"
+    assert resume_rung(first, "rung0-baseline", 1, other, digests, tmp_path) is None
+    assert resume_rung(first, "rung0-baseline", 2, resolved, digests, tmp_path) is None  # no repeat 1 there
+    got = resume_rung(first, "rung0-baseline", 1, resolved, digests, tmp_path)
+    assert got[0].records == res.records and got[0].outputs == res.outputs and got[0].run_dir.parent == tmp_path
+    assert len(got[0].quality_per_prompt["quality/bleu_vs_ref"]) == len(res.outputs) == 2
+
+
+def test_a_rung_that_raises_is_left_out_with_its_reason_and_the_ladder_goes_on():
+    effects = {"flash_attn": "raises"}
+
+    def raising_climb(stop: bool):
+        def run_rung(name: str, opts: list[str]) -> Arm:
+            if "flash_attn" in opts:
+                raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB\n(details)")
+            cfg = OmegaConf.create({"engine": {o: o in opts for o in OPTS}})
+            return Arm(name, [], cfg, [stub_result(opts, effects)])
+
+        noise = GateConfig(n_boot=300, run_noise={"perf/e2e_ms_p99": 0.02})
+        return climb(["paged_kv", "flash_attn", "batched_decode"], True, run_rung,
+                     lambda prev, cand: gate_pair(prev, cand, noise)[:2], stop)
+
+    rows, accepted = raising_climb(False)
+    assert [r["status"] for r in rows] == ["baseline", "pass", "error", "pass"]
+    assert rows[2]["reason"] == "RuntimeError: CUDA out of memory. Tried to allocate 2.00 GiB" and not rows[2]["kept"]
+    assert rows[3]["opts"] == ["paged_kv", "batched_decode"] and accepted == ["paged_kv", "batched_decode"]
+    assert "rung 2 (+flash_attn): RuntimeError: CUDA out of memory" in ladder_table(rows)
+    with pytest.raises(RuntimeError, match="out of memory"):
+        raising_climb(True)
 
 
 def test_ladder_table_compares_the_baseline_with_the_last_accepted_rung():
