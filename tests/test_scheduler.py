@@ -6,9 +6,11 @@ fake token ids. Fake tokens are distinct per position so a recomputed sequence i
 """
 from __future__ import annotations
 
+import pytest
+
 from engine.block_manager import BlockManager
 from engine.config import EngineConfig
-from engine.scheduler import Scheduler
+from engine.scheduler import Batch, Scheduler
 from engine.sequence import SamplingParams, Sequence, SeqStatus
 
 MAX_LEN = 64
@@ -281,3 +283,209 @@ def test_chunked_finishes_an_overloaded_queue_with_preemption_and_exact_lengths(
     assert sched.num_preemptions > 0 and sched.prompts_split > 0
     assert all(s.is_finished and s.num_output_tokens == 12 for s in seqs)
     assert sched.bm.all_free()
+
+
+# --- boundaries: each limit is reached exactly, not one short or one over ---
+
+def test_static_releases_exactly_batch_size_waiting_requests_without_waiting_for_the_timeout() -> None:
+    sched = make(False, num_blocks=64, batch_size=4, batch_timeout_ms=10_000)
+    seqs = add(sched, 4, t=1.0)
+    batch = sched.schedule(now=1.0)
+    assert batch is not None and batch.seqs == seqs and not sched.waiting
+    assert all(s.status is SeqStatus.RUNNING for s in seqs)
+
+
+def test_static_timeout_releases_a_short_batch_at_the_deadline_and_not_before() -> None:
+    sched = make(False, num_blocks=64, batch_size=4, batch_timeout_ms=1000)
+    (s,) = add(sched, 1, t=0.0)
+    assert sched.next_deadline() == 1.0
+    assert sched.schedule(now=0.9995) is None and list(sched.waiting) == [s]
+    batch = sched.schedule(now=1.0)  # waited exactly batch_timeout_ms
+    assert batch is not None and batch.seqs == [s]
+
+
+def test_next_deadline_is_the_oldest_waiting_request_plus_the_timeout_only_while_a_batch_is_held() -> None:
+    sched = make(False, num_blocks=64, batch_size=4, batch_timeout_ms=500)
+    assert sched.next_deadline() is None  # nothing waiting
+    add(sched, 1, t=1.0)
+    add(sched, 1, t=2.0)
+    assert sched.next_deadline() == 1.5  # the oldest, not the newest
+    step(sched)  # the timeout has passed: both run
+    add(sched, 1, t=3.0)
+    assert sched.running and sched.waiting
+    assert sched.next_deadline() is None  # a batch is running: nothing is being held back by a timeout
+    cont = make(True, num_blocks=64)
+    add(cont, 1, t=1.0)
+    assert cont.next_deadline() is None  # continuous batching holds nothing back
+
+
+def test_continuous_admits_prompts_that_fill_the_token_budget_exactly() -> None:
+    sched = make(True, num_blocks=256, max_num_seqs=16, max_num_batched_tokens=200)
+    seqs = add(sched, 3, prompt_len=100)
+    batch = sched.schedule(now=0.0)
+    assert batch.seqs == seqs[:2] and batch.num_tokens == 200
+    assert list(sched.waiting) == seqs[2:]
+
+
+def test_chunked_admits_new_prompts_up_to_max_num_seqs_and_no_more() -> None:
+    sched = chunked(num_blocks=64, budget=64, max_num_seqs=2)
+    seqs = add(sched, 3, prompt_len=4)
+    batch = step(sched)
+    assert batch.seqs == seqs[:2] and list(sched.waiting) == seqs[2:]
+    assert step(sched).seqs == seqs[:2]  # both decode; the third still has no seat
+
+
+def test_chunked_spends_the_last_token_of_the_budget() -> None:
+    sched = chunked(num_blocks=64, budget=3, max_num_seqs=8)
+    a = add(sched, 1, prompt_len=2, max_tokens=5)[0]
+    b = add(sched, 1, prompt_len=1, max_tokens=5)[0]
+    batch = step(sched)
+    assert batch.seqs == [a, b] and batch.num_new_tokens == [2, 1]  # b takes the one token left
+    c = add(sched, 1, prompt_len=1, max_tokens=5)[0]
+    batch = step(sched)  # two decodes leave one token: c's whole prompt
+    assert batch.seqs == [a, b, c] and batch.num_new_tokens == [1, 1, 1]
+    batch = step(sched)  # three decodes use the whole budget, the last one included
+    assert batch.seqs == [a, b, c] and batch.num_new_tokens == [1, 1, 1] and batch.is_decode
+    assert sched.decodes_waiting == 0 and sched.prompts_split == 0
+
+
+def test_chunked_cuts_only_the_last_new_prompt_and_counts_it_once_as_split() -> None:
+    sched = chunked(num_blocks=64, budget=10, max_num_seqs=8)
+    seqs = add(sched, 5, prompt_len=3, max_tokens=4)
+    batch = step(sched)
+    assert batch.seqs == seqs[:4] and batch.num_new_tokens == [3, 3, 3, 1]
+    assert batch.samples == [True, True, True, False]
+    assert sched.prompts_split == 1  # the three whole prompts are not split
+    batch = step(sched)  # three decodes, the rest of the fourth prompt, then the fifth prompt whole
+    assert batch.seqs == seqs and batch.num_new_tokens == [1, 1, 1, 2, 3]
+    assert sched.prompts_split == 1  # the fourth is counted once; the fifth ran whole
+
+
+def test_chunked_counts_every_split_prompt() -> None:
+    sched = chunked(num_blocks=64, budget=8, max_num_seqs=8)
+    a, b = add(sched, 2, prompt_len=12, max_tokens=1)
+    while a.status is not SeqStatus.FINISHED or b.status is not SeqStatus.FINISHED:
+        step(sched)
+    assert sched.prompts_split == 2
+
+
+def test_a_cached_prefix_is_not_counted_as_a_split_and_is_shared_within_the_step() -> None:
+    # the first request's step writes its full blocks; the second, admitted later in the same step, reuses
+    # the one cacheable block and computes only the rest of its prompt, whole
+    sched = Scheduler(config(True, chunked_prefill=True, max_num_batched_tokens=16, max_num_seqs=8),
+                      BlockManager(64, 4, enable_prefix_cache=True))
+    prompt = list(range(100, 108))
+    a = Sequence("a", prompt, SamplingParams(max_tokens=2))
+    b = Sequence("b", prompt, SamplingParams(max_tokens=2))
+    sched.add(a)
+    sched.add(b)
+    batch = sched.schedule(now=0.0)
+    assert batch.seqs == [a, b] and batch.num_new_tokens == [8, 4] and batch.samples == [True, True]
+    assert b.num_cached_tokens == 4 and sched.bm.prefix_hits == 1
+    assert b.block_table[0] == a.block_table[0] and b.block_table[1] != a.block_table[1]
+    assert sched.prompts_split == 0
+
+
+def test_continuous_shares_a_prefix_written_earlier_in_the_same_step() -> None:
+    sched = Scheduler(config(True, max_num_seqs=8), BlockManager(64, 4, enable_prefix_cache=True))
+    prompt = list(range(200, 210))
+    a, b = (Sequence(r, prompt, SamplingParams(max_tokens=2)) for r in "ab")
+    sched.add(a)
+    sched.add(b)
+    batch = sched.schedule(now=0.0)
+    assert batch.seqs == [a, b] and batch.num_new_tokens == [10, 2]
+    assert b.num_cached_tokens == 8 and b.block_table[:2] == a.block_table[:2]
+
+
+# --- counters: the evidence opts_effective reads ---
+
+def test_batch_sizes_seen_counts_every_step_by_its_size() -> None:
+    sched = make(False, num_blocks=64, batch_size=2, batch_timeout_ms=0)
+    assert sched.batch_sizes_seen == {} and sched.decodes_waiting == 0 and sched.num_preemptions == 0
+    add(sched, 3, max_tokens=2)
+    run_all(sched)  # a prefill and a decode of two, then of the third alone
+    assert sched.batch_sizes_seen == {2: 2, 1: 2}
+    assert sched.schedule(now=1e9) is None
+    assert sched.batch_sizes_seen == {2: 2, 1: 2}  # a step with nothing to run is not a batch
+
+
+def test_chunked_with_nothing_to_do_schedules_no_batch() -> None:
+    sched = chunked(num_blocks=16, budget=8)
+    assert sched.schedule(now=0.0) is None and sched.batch_sizes_seen == {}
+    (s,) = add(sched, 1, prompt_len=4, max_tokens=1)
+    step(sched)
+    assert s.is_finished and sched.schedule(now=0.0) is None and sched.batch_sizes_seen == {1: 1}
+
+
+def test_batch_rejects_rows_without_tokens_or_without_a_count() -> None:
+    a = Sequence("a", [1, 2, 3], SamplingParams())
+    b = Sequence("b", [1, 2, 3], SamplingParams())
+    with pytest.raises(AssertionError):
+        Batch([a], [0])
+    with pytest.raises(AssertionError):
+        Batch([a, b], [3])
+    assert Batch([a, b], [3, 2]).samples == [True, False]
+
+
+# --- finishing: length, eos, max_model_len ---
+
+def test_eos_stops_only_requests_that_do_not_ignore_it() -> None:
+    sched = Scheduler(config(True), BlockManager(64, 4), eos_token_ids=(2,))
+    stops = Sequence("stops", [5, 6, 7], SamplingParams(max_tokens=10, ignore_eos=False))
+    ignores = Sequence("ignores", [5, 6, 7], SamplingParams(max_tokens=10, ignore_eos=True))
+    sched.add(stops)
+    sched.add(ignores)
+    assert sched.postprocess(sched.schedule(now=0.0), [9, 9]) == []  # not eos: both go on
+    assert sched.postprocess(sched.schedule(now=0.0), [2, 2]) == [stops]
+    assert stops.is_finished and stops.finish_reason == "stop" and stops.block_table == []
+    assert ignores.status is SeqStatus.RUNNING and ignores.finish_reason is None
+    assert sched.running == [ignores] and ignores.output_token_ids == [9, 2]
+
+
+def test_a_sequence_stops_when_it_reaches_max_model_len() -> None:
+    sched = Scheduler(EngineConfig(dynamic_batching=True, max_model_len=10), BlockManager(8, 4))
+    (s,) = add(sched, 1, prompt_len=8, max_tokens=100)
+    step(sched)
+    assert not s.is_finished and len(s) == 9
+    batch = sched.schedule(now=0.0)
+    assert sched.postprocess(batch, [1]) == [s]
+    assert len(s) == 10 and s.finish_reason == "max_model_len" and sched.bm.all_free()
+
+
+def test_postprocess_skips_a_prompt_chunk_row_wherever_it_stands_in_the_batch() -> None:
+    sched = chunked(num_blocks=64, budget=6, max_num_seqs=8)
+    (a,) = add(sched, 1, prompt_len=2, max_tokens=8)
+    step(sched)
+    (p,) = add(sched, 1, prompt_len=12, max_tokens=2)
+    batch = sched.schedule(now=0.0)
+    assert batch.seqs == [a, p] and batch.samples == [True, False]
+    # the same rows, the prompt chunk first: every row still advances, the sampled one gets its token
+    flipped = Batch(batch.seqs[::-1], batch.num_new_tokens[::-1])
+    assert sched.postprocess(flipped, [77]) == []
+    assert p.num_computed_tokens == 5 and not p.output_token_ids
+    assert a.num_computed_tokens == 3 and a.output_token_ids[-1] == 77
+
+
+# --- abort ---
+
+def test_abort_a_waiting_request() -> None:
+    sched = make(True, num_blocks=64)
+    first, second = add(sched, 2)
+    assert sched.abort(second.request_id) is second
+    assert second.is_finished and second.finish_reason == "abort"
+    assert list(sched.waiting) == [first] and first.status is SeqStatus.WAITING
+    assert sched.abort(second.request_id) is None and sched.abort("nobody") is None
+    assert sched.bm.all_free()
+
+
+def test_abort_a_running_request_frees_its_blocks_at_once() -> None:
+    sched = make(True, num_blocks=16)
+    first, second = add(sched, 2, prompt_len=6, max_tokens=8)
+    step(sched)
+    free_before = sched.bm.num_free_blocks
+    assert sched.abort(second.request_id) is second
+    assert second.is_finished and second.finish_reason == "abort" and second.block_table == []
+    assert sched.running == [first] and first.block_table
+    assert sched.bm.num_free_blocks == free_before + 2
+    assert step(sched).seqs == [first]
+    assert sched.abort(first.request_id) is first and sched.bm.all_free() and not sched.has_unfinished()
