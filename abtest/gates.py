@@ -8,7 +8,7 @@ No torch, no I/O.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
-from typing import Any
+from typing import Any, Optional
 
 
 def _metric_names() -> frozenset[str]:
@@ -21,6 +21,8 @@ def _metric_names() -> frozenset[str]:
     names |= {"traffic/ks_input_len", "traffic/ks_output_len"}
     names |= {f"quality/{m}_vs_ref" for m in ("bleu", "rouge1", "rouge2", "rougeL")}
     names |= {f"quality/{m}_vs_control" for m in ("bleu", "rougeL", "exact_match")}
+    names |= {"quality/kl_vs_control_mean", "quality/kl_vs_control_p99", "quality/top1_agree_vs_control",
+              "quality/ppl_ref_rel_change"}  # teacher-forced, lossy candidates (abtest/teacher_forced.py)
     return frozenset(names)
 
 
@@ -41,8 +43,11 @@ def validate_metric(name: str) -> str:
                      f"and any {' or '.join(p + '*' for p in METRIC_PREFIXES)}")
 
 
+_LOWER_IS_BETTER = ("quality/kl_", "quality/ppl_")
+
+
 def higher_is_better(name: str) -> bool:
-    return validate_metric(name).startswith(_HIGHER_IS_BETTER)
+    return validate_metric(name).startswith(_HIGHER_IS_BETTER) and not name.startswith(_LOWER_IS_BETTER)
 
 
 def _default_quality_margins() -> dict[str, float]:
@@ -73,6 +78,11 @@ class GateConfig:
     memory_ceilings_gb: metric -> ceiling on the candidate's value, in GB.
     min_pairs: fewer paired requests than this make a bootstrap gate inconclusive, because the
         percentile bootstrap understates the spread of tiny samples.
+    kl_max_mean, kl_max_p99, top1_agree_min, ppl_max_rel_increase: the teacher-forced gates of a lossy
+        candidate (abtest/teacher_forced.py), each on its bootstrap interval over prompts; null: not gated.
+        The defaults are calibrated on SmolLM2 (README): float32 -> bfloat16 passes, a damaged model fails.
+        When they decide, the text gates of a lossy candidate are reported: agreement with the control's
+        answers does not decide, and a non-inferiority check against the references decides only by failing.
     """
 
     quality_margins_rel: dict[str, float] = field(default_factory=_default_quality_margins)
@@ -85,6 +95,17 @@ class GateConfig:
     n_boot: int = 2000
     min_pairs: int = 10
     seed: int = 0
+    kl_max_mean: Optional[float] = 0.01
+    kl_max_p99: Optional[float] = 0.1
+    top1_agree_min: Optional[float] = 0.97
+    ppl_max_rel_increase: Optional[float] = 0.02
+
+    def teacher_forced_bounds(self) -> dict[str, float]:
+        """Metric -> bound of each teacher-forced gate that is set (a floor for top-1 agreement)."""
+        bounds = {"quality/kl_vs_control_mean": self.kl_max_mean, "quality/kl_vs_control_p99": self.kl_max_p99,
+                  "quality/top1_agree_vs_control": self.top1_agree_min,
+                  "quality/ppl_ref_rel_change": self.ppl_max_rel_increase}
+        return {m: float(b) for m, b in bounds.items() if b is not None}
 
     def __post_init__(self) -> None:
         for name, margin in self.quality_margins_rel.items():
@@ -113,6 +134,11 @@ class GateConfig:
                 raise ValueError(f"gate.control_agreement_min: {name!r} is not an agreement score; valid: "
                                  "quality/bleu_vs_control (0-100), quality/rougeL_vs_control (0-1)")
             _check_range(f"gate.control_agreement_min[{name!r}]", floor, 0.0, 100.0)
+        for name in ("kl_max_mean", "kl_max_p99", "ppl_max_rel_increase"):
+            if getattr(self, name) is not None:
+                _check_range(f"gate.{name}", getattr(self, name), 0.0, 100.0)
+        if self.top1_agree_min is not None:
+            _check_range("gate.top1_agree_min", self.top1_agree_min, 0.0, 1.0)
         if not 0.0 < self.alpha < 1.0:
             raise ValueError(f"gate.alpha must be in (0, 1), got {self.alpha}")
         if self.n_boot < 1 or self.min_pairs < 1:

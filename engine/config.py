@@ -43,6 +43,9 @@ class ModelConfig:
     max_position_embeddings: int = 8192
     tie_word_embeddings: bool = True
     init_std: float = 0.02
+    # a deliberately damaged model, to show that the quality gates catch one (engine/damage.py):
+    # null, round_bits:<b> (every decoder weight rounded to b bits per row) or zero_layer:<i>
+    damage: Optional[str] = None
 
 
 @dataclass
@@ -85,6 +88,9 @@ class EngineConfig:
     batched_decode: bool = False
     cuda_graphs: bool = False
     prefix_cache: bool = False
+    # lossy: weight-only int8 / FP8 E4M3 weights with per-channel scales (engine/quant.py)
+    quant_int8: bool = False
+    quant_fp8: bool = False
     # engines reached over HTTP
     server: ServerConfig = field(default_factory=ServerConfig)
     extra: dict[str, Any] = field(default_factory=dict)

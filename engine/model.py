@@ -119,7 +119,7 @@ class DecoderLayer(nn.Module):
         from engine.kernels.gemv import decode_linear
 
         def linear(mod: nn.Linear, h, silu_mul=False):
-            if skinny:
+            if skinny and isinstance(mod, nn.Linear):  # a quantized layer (engine/quant.py) runs its own kernel
                 return decode_linear(h, mod.weight, silu_mul)
             return fused.silu_mul(mod(h)) if silu_mul else mod(h)
 

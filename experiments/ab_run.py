@@ -17,10 +17,12 @@ from abtest.rollout import DEFAULT_REGISTRY, promote, rollout_plan
 from abtest.stats import pool_repeats
 from abtest.verdict import ArmResult, Verdict, check_same_traffic, decide, verdict_table
 from experiments.experiment import ExperimentResult, run_experiment
+from experiments.teacher_forced_run import log_to_run, run_teacher_forced
 from experiments.tracking import Tracker
 from quality.prompts import load_prompt_set
 from quality.review import write_review_html
 from quality.scoring import score_vs_control, to_metrics
+from quality.teacher_forced import to_metrics as tf_to_metrics
 
 log = logging.getLogger(__name__)
 
@@ -78,6 +80,12 @@ def gate_pair(control: Arm, candidate: Arm, gate: GateConfig) -> tuple[Verdict, 
     vs_control = score_vs_control(k.outputs, c.outputs)
     k.metrics.update(to_metrics(vs_control))
     k.quality_per_prompt["quality/rougeL_vs_control"] = [p["rougeL"] for p in vs_control.per_prompt]
+    if not lossless:  # a lossy candidate is judged teacher-forced against the control
+        first = candidate.runs[0]
+        k.teacher_forced = run_teacher_forced(control.cfg, candidate.cfg, c.outputs, first.run_dir)
+        tf_metrics = tf_to_metrics(k.teacher_forced)
+        k.metrics.update(tf_metrics)
+        log_to_run(OmegaConf.to_object(candidate.cfg.tracking), first.run_id, tf_metrics)
     return decide(c, k, gate, lossless), k, lossless, why
 
 
