@@ -247,13 +247,14 @@ def decide(control: ArmResult, candidate: ArmResult, gate: GateConfig,
     results = quality
     if candidate_lossless:
         results.append(_exact_match_gate(candidate, gate.min_exact_match_lossless))
-    results += agreement + tf
+    results += agreement
     results += [_relative_gate("latency_gain", m, -gain, control, candidate, gate)
                 for m, gain in gate.latency_gains.items()]
     results += [_relative_gate("latency_max_regression", m, reg, control, candidate, gate)
                 for m, reg in gate.latency_max_regression.items()]
     results += [_ceiling_gate(m, ceiling, control, candidate)
                 for m, ceiling in gate.memory_ceilings_gb.items()]
+    results += tf
     if not results:
         # An empty gate config checks nothing; passing it would promote anything.
         results.append(GateResult("config", "", "inconclusive", "no gates configured: nothing was "

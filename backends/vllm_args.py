@@ -15,7 +15,10 @@ from backends.opt_map import ALWAYS_ON, FIXED, MAPPED, OptMapping, collect, refu
 from engine.config import EngineConfig
 
 GIB = 1 << 30
-SUPPORTED = ("paged_kv", "flash_attn", "dynamic_batching", "batched_decode", "cuda_graphs", "prefix_cache")
+# quant_int8 is not here: vLLM has no weight-only int8 for an unquantized checkpoint (its int8 paths load
+# checkpoints quantized ahead of time), so it is refused rather than silently run in the model dtype
+SUPPORTED = ("paged_kv", "flash_attn", "dynamic_batching", "batched_decode", "cuda_graphs", "prefix_cache",
+             "quant_fp8")
 CPU_BLOCK_MULTIPLE = 32  # vLLM's CPU_ATTN kernel takes block sizes that are multiples of 32 only
 # vLLM has no unfused attention: with flash_attn off on CUDA it runs its Triton paged kernel instead
 CUDA_ATTENTION = {True: "FLASH_ATTN", False: "TRITON_ATTN"}
@@ -64,6 +67,11 @@ def opt_mappings(cfg: EngineConfig, device_type: str) -> list[OptMapping]:
                    "--enable-prefix-caching / --no-enable-prefix-caching (vLLM's default is on, so off is explicit)",
                    ["--enable-prefix-caching" if cfg.prefix_cache else "--no-enable-prefix-caching"]),
     ]
+    # quant_fp8 is CUDA only: refused on a CPU with the other CUDA-only opts (engine/validation.py)
+    maps.append(OptMapping("quant_fp8", "quant_fp8" in want, MAPPED, cfg.quant_fp8,
+                           "--quantization fp8 when on (vLLM quantizes the checkpoint's weights to FP8 E4M3 as they "
+                           "load, with its own scales; ours: one per output channel); off: the checkpoint's dtype",
+                           ["--quantization", "fp8"] if cfg.quant_fp8 else []))
     if cpu:
         maps += [
             OptMapping("flash_attn", "flash_attn" in want, ALWAYS_ON, True,

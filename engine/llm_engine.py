@@ -14,7 +14,7 @@ from engine.detokenizer import Detokenizer
 from engine.loader import load_model, load_tokenizer, model_shape, resolve_device, resolve_dtype
 from engine.model_runner import ModelRunner, kv_bytes_per_token
 from engine.opts import enabled_opts
-from engine.quant import linear_dims, quantize_model, validate_quant
+from engine.quant import linear_dims, quant_method, quantize_model, validate_quant
 from engine.scheduler import Scheduler, SchedulerConfig
 from engine.sequence import SamplingParams, Sequence
 from engine.stats import KVTimeline, StageTimers
@@ -51,7 +51,8 @@ class LLMEngine:
         # everything that can be refused from the model's shape alone is refused before a weight loads
         shape = model_shape(model_cfg)
         validate_head_dim(cfg, self.device.type, shape.head_dim)
-        validate_quant(cfg, self.device, linear_dims(shape))
+        self.quant_method = quant_method(cfg)
+        validate_quant(self.quant_method, cfg.dtype, self.device, linear_dims(shape))
         if cfg.max_model_len > shape.max_position_embeddings:
             raise ValueError(f"engine.max_model_len={cfg.max_model_len} exceeds the model's "
                              f"max_position_embeddings={shape.max_position_embeddings}")
@@ -63,7 +64,7 @@ class LLMEngine:
         t0 = time.perf_counter()
         self.tokenizer = load_tokenizer(model_cfg)
         self.model = load_model(model_cfg, self.device, self.dtype, seed=cfg.seed)
-        self.quant = quantize_model(self.model, cfg)
+        self.quant = quantize_model(self.model, self.quant_method)
         self._sync()
         self.load_s = time.perf_counter() - t0
         num_blocks = self._num_blocks()  # a fraction of free memory is known only once the weights are in
@@ -218,8 +219,8 @@ class LLMEngine:
                                "decode_calls_per_step": det.decode_calls / steps},
             "cuda_graphs": self.runner.graphs.evidence() if self.runner.graphs else {"on": False},
             "prefix_cache": {"on": cfg.prefix_cache, "hits": bm.prefix_hits, "queries": bm.prefix_queries},
-            "quant_int8": {**self.quant.evidence(), "on": cfg.quant_int8},
-            "quant_fp8": {**self.quant.evidence(), "on": cfg.quant_fp8},
+            "quant_int8": {**self.quant.evidence(), "on": self.quant.method == "int8"},
+            "quant_fp8": {**self.quant.evidence(), "on": self.quant.method == "fp8"},
         }
 
     @property

@@ -127,13 +127,17 @@ def model_weight_bytes(model: nn.Module) -> int:
 
 
 def quant_method(cfg) -> str | None:
-    """The one place quant_int8 and quant_fp8 are read."""
-    return "int8" if cfg.quant_int8 else ("fp8" if cfg.quant_fp8 else None)
+    """The one place quant_int8 and quant_fp8 are read: 'int8', 'fp8' or None; both on is refused."""
+    int8, fp8 = cfg.quant_int8, cfg.quant_fp8
+    if int8 and fp8:
+        raise ValueError("opts quant_int8 and quant_fp8 both quantize the weights: pick one "
+                         "(+opt=quant_int8 or +opt=quant_fp8)")
+    return "int8" if int8 else ("fp8" if fp8 else None)
 
 
-def quantize_model(model: nn.Module, cfg) -> QuantReport:
-    """Swap the decoder layers' nn.Linear modules for QuantLinear, in place, when an opt asks for it."""
-    report = QuantReport(quant_method(cfg), weight_bytes_before=model_weight_bytes(model))
+def quantize_model(model: nn.Module, method: str | None) -> QuantReport:
+    """Swap the decoder layers' nn.Linear modules for QuantLinear, in place, when a method is given."""
+    report = QuantReport(method, weight_bytes_before=model_weight_bytes(model))
     if report.method is not None:
         for layer in model.layers:
             for name, mod in list(layer.named_children()):
@@ -153,19 +157,16 @@ def linear_dims(shape) -> tuple[int, ...]:
             2 * shape.intermediate_size, shape.intermediate_size)
 
 
-def validate_quant(cfg, device: torch.device, dims: tuple[int, ...]) -> None:
-    """Refuse, before the weights load, a quantization opt this machine or model cannot run.
-    dims: the in and out sizes of the decoder's linear layers."""
-    if cfg.quant_int8 and cfg.quant_fp8:
-        raise ValueError("opts quant_int8 and quant_fp8 both quantize the weights: pick one "
-                         "(+opt=quant_int8 or +opt=quant_fp8)")
-    if not cfg.quant_fp8 or device.type != "cuda":
+def validate_quant(method: str | None, dtype: str, device: torch.device, dims: tuple[int, ...]) -> None:
+    """Refuse, before the weights load, a quantization this machine or model cannot run.
+    dtype: engine.dtype; dims: the in and out sizes of the decoder's linear layers."""
+    if method != "fp8" or device.type != "cuda":
         return  # quant_fp8 off CUDA is refused with the other CUDA-only opts (engine/validation.py)
     cap = torch.cuda.get_device_capability(device)
     if cap < FP8_MIN_CAPABILITY:
         raise ValueError(f"opt quant_fp8 needs FP8 tensor cores (CUDA capability >= 8.9: Ada, Hopper or newer), "
                          f"but {torch.cuda.get_device_name(device)} has {cap[0]}.{cap[1]}: use +opt=quant_int8")
-    if cfg.dtype == "float32":
+    if dtype == "float32":
         raise ValueError("opt quant_fp8 multiplies in bfloat16 or float16, not engine.dtype=float32: "
                          "set engine.dtype=bfloat16 (or auto)")
     bad = sorted({d for d in dims if d % 16})

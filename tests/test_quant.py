@@ -13,7 +13,7 @@ from engine.config import EngineConfig, ModelConfig
 from engine.damage import damage_model, parse_damage
 from engine.llm_engine import LLMEngine
 from engine.quant import (FP8_MAX, INT8_MAX, QuantLinear, QuantReport, dequantize_rows, quantize_rows,
-                          scaled_mm_fp8, validate_quant)
+                          quant_method, scaled_mm_fp8, validate_quant)
 from engine.sequence import SamplingParams
 
 CUDA = torch.cuda.is_available()
@@ -121,7 +121,7 @@ def test_quantization_refused_before_weights_load():
         LLMEngine(ModelConfig(name="missing", source="hf_dir", path="/nonexistent"), EngineConfig(quant_fp8=True,
                                                                                                   device="cpu"))
     with pytest.raises(ValueError, match="quant_int8 and quant_fp8 both quantize the weights: pick one"):
-        validate_quant(EngineConfig(quant_int8=True, quant_fp8=True), torch.device("cpu"), (64, 128))
+        quant_method(EngineConfig(quant_int8=True, quant_fp8=True))
 
 
 def test_damage_specs():
@@ -164,14 +164,28 @@ def test_score_of_the_engines_own_greedy_output_picks_it_at_every_position():
 def test_quant_fp8_needs_fp8_tensor_cores_bf16_and_sizes_of_16(monkeypatch):
     """The capability check, with the GPU's answers given: refused on an A100 (8.0), taken on an H200 (9.0)."""
     cuda = torch.device("cuda")
-    cfg = EngineConfig(quant_fp8=True, dtype="bfloat16")
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA A100")
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (8, 0))
     with pytest.raises(ValueError, match=r"capability >= 8.9.*NVIDIA A100 has 8.0: use \+opt=quant_int8"):
-        validate_quant(cfg, cuda, (4096, 14336))
+        validate_quant("fp8", "bfloat16", cuda, (4096, 14336))
+    validate_quant("int8", "bfloat16", cuda, (4096, 14336))  # int8 needs no FP8 tensor cores
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
-    validate_quant(cfg, cuda, (4096, 14336))
+    validate_quant("fp8", "bfloat16", cuda, (4096, 14336))
     with pytest.raises(ValueError, match="not engine.dtype=float32: set engine.dtype=bfloat16"):
-        validate_quant(EngineConfig(quant_fp8=True, dtype="float32"), cuda, (4096,))
+        validate_quant("fp8", "float32", cuda, (4096,))
     with pytest.raises(ValueError, match=r"multiples of 16, this model has \[100\]"):
-        validate_quant(cfg, cuda, (4096, 100))
+        validate_quant("fp8", "bfloat16", cuda, (4096, 100))
+
+
+def test_vllm_maps_fp8_weights_and_refuses_int8():
+    from backends.vllm_args import build_launch
+
+    def launch(**kw):
+        cfg = EngineConfig(name="vllm", block_size=128, dtype="bfloat16", **kw)
+        return build_launch(cfg, "cuda", "/models/smol", "smol", "127.0.0.1", 8123)
+
+    on, off = launch(quant_fp8=True), launch()
+    assert on.args[on.args.index("--quantization") + 1] == "fp8" and "--quantization" not in off.args
+    assert on.opts_effective["quant_fp8"]["on"] is True and off.opts_effective["quant_fp8"]["on"] is False
+    with pytest.raises(ValueError, match=r"engine=vllm has no mapping for opt\(s\) \['quant_int8'\]"):
+        launch(quant_int8=True)
