@@ -91,6 +91,7 @@ class EngineConfig:
     # lossy: weight-only int8 / FP8 E4M3 weights with per-channel scales (engine/quant.py)
     quant_int8: bool = False
     quant_fp8: bool = False
+    kv_fp8: bool = False  # the KV cache in FP8 E4M3, one scale per token and head (engine/kv_quant.py)
     # engines reached over HTTP
     server: ServerConfig = field(default_factory=ServerConfig)
     extra: dict[str, Any] = field(default_factory=dict)

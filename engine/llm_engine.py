@@ -13,6 +13,7 @@ from engine.config import EngineConfig, ModelConfig
 from engine.detokenizer import Detokenizer
 from engine.loader import load_model, load_tokenizer, model_shape, resolve_device, resolve_dtype
 from engine.model_runner import ModelRunner, kv_bytes_per_token
+from engine.kv_quant import kv_fp8_bytes_per_token
 from engine.opts import enabled_opts
 from engine.quant import linear_dims, quant_method, quantize_model, validate_quant
 from engine.scheduler import Scheduler, SchedulerConfig
@@ -58,7 +59,8 @@ class LLMEngine:
                              f"max_position_embeddings={shape.max_position_embeddings}")
         # paged_kv is read here: contiguous KV is one max_model_len block per sequence
         self.block_size = cfg.block_size if cfg.paged_kv else cfg.max_model_len
-        self.bytes_per_token = kv_bytes_per_token(shape, self.dtype)
+        self.kv_fp8 = cfg.kv_fp8  # read here: the budget's bytes per token and the runner's cache format
+        self.bytes_per_token = kv_fp8_bytes_per_token(shape) if self.kv_fp8 else kv_bytes_per_token(shape, self.dtype)
         if cfg.kv_cache_gb is not None:
             self._num_blocks()
         t0 = time.perf_counter()
@@ -69,7 +71,8 @@ class LLMEngine:
         self.load_s = time.perf_counter() - t0
         num_blocks = self._num_blocks()  # a fraction of free memory is known only once the weights are in
         self.block_manager = BlockManager(num_blocks, self.block_size, enable_prefix_cache=cfg.prefix_cache)
-        self.runner = ModelRunner(self.model, self.device, self.dtype, num_blocks, self.block_size, cfg)
+        self.runner = ModelRunner(self.model, self.device, self.dtype, num_blocks, self.block_size, cfg,
+                                  kv_fp8=self.kv_fp8)
         eos = self.tokenizer.eos_token_id
         self.scheduler = Scheduler(SchedulerConfig(
             dynamic_batching=cfg.dynamic_batching, batch_size=cfg.batch_size,
@@ -221,6 +224,9 @@ class LLMEngine:
             "prefix_cache": {"on": cfg.prefix_cache, "hits": bm.prefix_hits, "queries": bm.prefix_queries},
             "quant_int8": {**self.quant.evidence(), "on": self.quant.method == "int8"},
             "quant_fp8": {**self.quant.evidence(), "on": self.quant.method == "fp8"},
+            "kv_fp8": {"on": self.kv_fp8, "kv_bytes_per_token": self.bytes_per_token,
+                       "model_dtype_kv_bytes_per_token": kv_bytes_per_token(self.model.shape, self.dtype),
+                       "decode_attention": self.runner.attention_backend},
         }
 
     @property

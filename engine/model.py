@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from engine.attention import AttnMeta, store_kv
+from engine.kv_quant import QuantKV, rope_store_kv_fp8
 
 
 @dataclass
@@ -125,8 +126,9 @@ class DecoderLayer(nn.Module):
 
         t = x.shape[0]
         h, residual = fused.add_rmsnorm(x, residual, self.input_layernorm.weight, self.input_layernorm.eps)
-        q = fused.rope_store_kv(linear(self.qkv_proj, h), positions, rotary.cos, rotary.sin, meta.slot_mapping,
-                                self.k_cache, self.v_cache, self.nh, self.nkv, self.hd)
+        store = rope_store_kv_fp8 if isinstance(self.k_cache, QuantKV) else fused.rope_store_kv  # kv_fp8
+        q = store(linear(self.qkv_proj, h), positions, rotary.cos, rotary.sin, meta.slot_mapping,
+                  self.k_cache, self.v_cache, self.nh, self.nkv, self.hd)
         o = attn.decode(q, meta, self.k_cache, self.v_cache)
         h, residual = fused.add_rmsnorm(linear(self.o_proj, o.reshape(t, self.nh * self.hd)), residual,
                                         self.post_attention_layernorm.weight, self.post_attention_layernorm.eps)

@@ -7,6 +7,7 @@ import torch
 
 from engine.attention import AttnMeta, make_backend
 from engine.config import EngineConfig
+from engine.kv_quant import QuantKV
 from engine.model import LlamaModel, LlamaShape
 from engine.sequence import SamplingParams, Sequence
 
@@ -18,7 +19,8 @@ def kv_bytes_per_token(model: LlamaModel | LlamaShape, dtype: torch.dtype) -> in
 
 class ModelRunner:
     def __init__(self, model: LlamaModel, device: torch.device, dtype: torch.dtype, num_blocks: int,
-                 block_size: int, cfg: EngineConfig):
+                 block_size: int, cfg: EngineConfig, kv_fp8: bool = False):
+        """kv_fp8: the cache as engine/kv_quant.py's QuantKV (E4M3 with scales), as the engine decided."""
         self.model, self.device, self.dtype = model, device, dtype
         self.block_size = block_size
         s = model.shape
@@ -26,6 +28,10 @@ class ModelRunner:
         pool_blocks = num_blocks + 1 if cfg.cuda_graphs else num_blocks
         for layer in model.layers:
             # zeros, not empty: masked-out slots are multiplied by 0 in attention, and 0 * NaN is NaN
+            if kv_fp8:
+                layer.k_cache, layer.v_cache = (QuantKV.zeros(pool_blocks, block_size, s.num_key_value_heads,
+                                                              s.head_dim, dtype, device) for _ in range(2))
+                continue
             layer.k_cache = torch.zeros(pool_blocks, block_size, s.num_key_value_heads, s.head_dim,
                                         dtype=dtype, device=device)
             layer.v_cache = torch.zeros_like(layer.k_cache)

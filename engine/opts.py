@@ -26,6 +26,7 @@ OPTS: dict[str, OptSpec] = {o.name: o for o in (
     OptSpec("quant_int8", "quant_int8", False, "weight-only int8, one scale per output channel"),
     OptSpec("quant_fp8", "quant_fp8", False, "FP8 E4M3 weights, one scale per output channel (capability >= 8.9)",
             cuda_only=True),
+    OptSpec("kv_fp8", "kv_fp8", False, "KV cache in FP8 E4M3, one scale per token and KV head"),
 )}
 
 

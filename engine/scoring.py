@@ -1,10 +1,17 @@
 """Teacher forcing on the reference engine: the log-probs of given token sequences at every position.
 
-`LLMEngine.score` calls `score_sequences`. Sequences are packed into prefill batches within the engine's
-token budget and free KV blocks, run through the runner's own prefill path (the same attention backend,
-KV layout and quantized layers a request would see) with logits taken at every scored position, and
-their blocks are freed at once. Blocks are allocated with the prefix cache off: a cached prefix would
-skip exactly the positions whose logits are wanted, and scored text must not warm the cache.
+`LLMEngine.score` calls `score_sequences`. A sequence is a prompt (tokens before `start`) and a continuation
+(from `start` on) whose tokens are scored, each given those before it, as generation would have seen them:
+1. the prompts are prefilled, as a request's prompt is: its last position gives the first continuation
+   token's log-probs;
+2. the continuations (all but their last token) run as one more prefill step over the cached prompts, the
+   path a prefix-cache hit takes: each position attends to its context read back from the KV cache, as a
+   decode step does. So a lossy cache (kv_fp8) counts here as it counts in generation, where a single
+   prefill would attend to fresh keys and values and never see it.
+Sequences are packed into batches within the engine's token budget and free KV blocks, through the runner's
+own prefill path (the same attention backend, KV layout and quantized layers a request would see), with
+logits taken at every scored position; their blocks are freed at once. Blocks are allocated with the
+prefix cache off: scored text must not warm the cache for later requests.
 """
 from __future__ import annotations
 
@@ -21,9 +28,9 @@ def _check(engine, token_ids_list: list[list[int]], starts: list[int]) -> None:
     if len(token_ids_list) != len(starts):
         raise ValueError(f"{len(token_ids_list)} sequences but {len(starts)} starts")
     for i, (ids, start) in enumerate(zip(token_ids_list, starts)):
-        if not 1 <= start <= len(ids):
-            raise ValueError(f"sequence {i}: start={start} must be in [1, {len(ids)}] (the first scored token "
-                             "needs one token before it)")
+        if not 1 <= start < len(ids):
+            raise ValueError(f"sequence {i}: start={start} must be in [1, {len(ids) - 1}] (the first scored token "
+                             "needs one token before it, and one token at least is scored)")
         if len(ids) > engine.cfg.max_model_len:
             raise ValueError(f"sequence {i}: {len(ids)} tokens exceed engine.max_model_len={engine.cfg.max_model_len}")
 
@@ -46,25 +53,39 @@ def _batches(engine, token_ids_list: list[list[int]], starts: list[int]):
         yield batch
 
 
-def _score_batch(engine, seqs: list[Sequence], starts: list[int]) -> list[torch.Tensor]:
+def _forward(engine, seqs: list[Sequence], index: list[int]) -> torch.Tensor:
+    input_ids, positions, meta, _ = engine.runner.prepare_prefill(seqs)
+    logits = engine.model(input_ids, positions, meta, torch.tensor(index, device=engine.device))
+    return torch.log_softmax(logits.float(), dim=-1).cpu()
+
+
+def _score_batch(engine, token_ids: list[list[int]], starts: list[int]) -> list[torch.Tensor]:
     bm = engine.block_manager
+    # the inputs: every token but the last, which is only scored
+    seqs = [Sequence(f"score-{i}", ids[:-1], SamplingParams(max_tokens=1)) for i, ids in enumerate(token_ids)]
     prefix_cache, bm.enable_prefix_cache = bm.enable_prefix_cache, False
     try:
         for seq in seqs:
             bm.allocate(seq)
-        input_ids, positions, meta, _ = engine.runner.prepare_prefill(seqs)
-        index, offset = [], 0
+        prompts = []
         for seq, start in zip(seqs, starts):
-            index += range(offset + start - 1, offset + len(seq) - 1)  # position p predicts token p + 1
-            offset += len(seq)
-        logits = engine.model(input_ids, positions, meta, torch.tensor(index, device=engine.device))
-        logprobs = torch.log_softmax(logits.float(), dim=-1).cpu()
+            p = Sequence(seq.request_id, seq.token_ids[:start], seq.params)
+            p.block_table = seq.block_table  # the prompt's KV goes into the blocks of the whole sequence
+            prompts.append(p)
+        first = _forward(engine, prompts, (torch.tensor(starts).cumsum(0) - 1).tolist())  # 1. last prompt position
+        rest = [(seq, st) for seq, st in zip(seqs, starts) if len(seq) > st]
+        for seq, st in rest:
+            seq.num_cached_tokens = st  # 2. the prompt is in the cache: only the continuation is computed
+        n_new = [len(seq) - st for seq, st in rest]
+        later = iter(_forward(engine, [s for s, _ in rest], list(range(sum(n_new)))).split(n_new) if rest else [])
     finally:
         for seq in seqs:
+            seq.num_cached_tokens = 0
             if seq.block_table:
                 bm.deallocate(seq)
         bm.enable_prefix_cache = prefix_cache
-    return list(logprobs.split([len(s) - st for s, st in zip(seqs, starts)]))
+    return [torch.cat([first[i:i + 1], next(later)]) if len(seq) > st else first[i:i + 1]
+            for i, (seq, st) in enumerate(zip(seqs, starts))]
 
 
 @torch.inference_mode()
@@ -72,7 +93,6 @@ def score_sequences(engine, token_ids_list: list[list[int]], starts: list[int]) 
     _check(engine, token_ids_list, starts)
     out: list[torch.Tensor | None] = [None] * len(token_ids_list)
     for batch in _batches(engine, token_ids_list, starts):
-        seqs = [Sequence(f"score-{i}", token_ids_list[i], SamplingParams(max_tokens=1)) for i in batch]
-        for i, lp in zip(batch, _score_batch(engine, seqs, [starts[i] for i in batch])):
+        for i, lp in zip(batch, _score_batch(engine, [token_ids_list[i] for i in batch], [starts[i] for i in batch])):
             out[i] = lp
     return out

@@ -15,10 +15,8 @@ import logging
 from pathlib import Path
 
 import numpy as np
-from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
-from backends import make_backend
 from quality.prompts import PromptItem, load_prompt_set
 from quality.teacher_forced import Accumulator, TeacherForcedScores, build_sequences, compare, to_metrics
 
@@ -67,8 +65,13 @@ def score_pair(control, candidate, items: list[PromptItem], control_outputs: lis
     return acc.result(skipped=len(seqs) - len(kept), approximated=approximated)
 
 
-def run_teacher_forced(control_cfg: DictConfig, candidate_cfg: DictConfig, control_outputs: list[str],
+def run_teacher_forced(control_cfg, candidate_cfg, control_outputs: list[str],
                        out_dir: Path | None = None) -> TeacherForcedScores:
+    """control_cfg, candidate_cfg: the arms' composed configs (DictConfig)."""
+    from omegaconf import OmegaConf  # here, not at the top: score_pair runs where Hydra is not installed
+
+    from backends import make_backend
+
     c, k = OmegaConf.to_object(control_cfg), OmegaConf.to_object(candidate_cfg)
     items = load_prompt_set(c.quality, c.data.root)
     if len(items) != len(control_outputs):

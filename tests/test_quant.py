@@ -157,7 +157,7 @@ def test_score_of_the_engines_own_greedy_output_picks_it_at_every_position():
         assert torch.allclose(lp.exp().sum(-1), torch.ones(len(ids) - start), atol=1e-5)
     assert torch.equal(lps[0], lps[2])
     assert engine.block_manager.all_free() and engine.block_manager.prefix_hits == 0
-    with pytest.raises(ValueError, match=r"start=0 must be in \[1, 3\]"):
+    with pytest.raises(ValueError, match=r"start=0 must be in \[1, 2\]"):
         engine.score([[1, 2, 3]], [0])
 
 
@@ -189,3 +189,69 @@ def test_vllm_maps_fp8_weights_and_refuses_int8():
     assert on.opts_effective["quant_fp8"]["on"] is True and off.opts_effective["quant_fp8"]["on"] is False
     with pytest.raises(ValueError, match=r"engine=vllm has no mapping for opt\(s\) \['quant_int8'\]"):
         launch(quant_int8=True)
+    kv = launch(kv_fp8=True)
+    assert kv.args[kv.args.index("--kv-cache-dtype") + 1] == "fp8" and "--kv-cache-dtype" not in off.args
+    assert kv.opts_effective["kv_fp8"]["on"] is True
+
+
+# --- kv_fp8 ---
+
+def test_fp8_kv_store_and_gather_round_trip_per_token_and_head():
+    from engine.kv_quant import QuantKV
+
+    cache = QuantKV.zeros(6, 4, 2, 16, torch.float32, torch.device("cpu"))
+    x = torch.randn(5, 2, 16)
+    x[2, 1] *= 1000  # one loud head of one token: its scale is its own
+    slots = torch.tensor([3, 0, 9, 22, 17])
+    cache.store(x, slots)
+    got = cache.gather(torch.tensor([[0, 1, 2, 3, 4, 5]]), 24)[0]  # [24, 2, 16], slot order
+    assert got.dtype == torch.float32 and cache.data.dtype == torch.float8_e4m3fn
+    err = (got[slots] - x).abs()
+    amax = x.abs().amax(-1, keepdim=True)
+    assert (err <= 2 ** -4 * x.abs() + amax / 448 * 2 ** -9 + 1e-12).all()  # half an ulp, or a subnormal step
+    assert got[[1, 2, 4]].abs().sum() == 0  # untouched slots stay zero
+
+
+def test_paged_decode_kernel_reads_the_fp8_cache():
+    pytest.importorskip("triton")
+    from engine.kernels.paged_decode import paged_decode_attention
+    from engine.kernels.reference import paged_decode_reference, rel_error
+    from engine.kv_quant import QuantKV
+
+    device = torch.device("cuda" if CUDA else "cpu")
+    dtype = torch.bfloat16 if CUDA else torch.float32
+    gen = torch.Generator().manual_seed(3)
+    b, h, kvh, d, bs, nb = 3, 8, 2, 64, 16, 12
+    k, v = QuantKV.zeros(nb, bs, kvh, d, dtype, device), QuantKV.zeros(nb, bs, kvh, d, dtype, device)
+    k.store(torch.randn(nb * bs, kvh, d, generator=gen).to(device), torch.arange(nb * bs, device=device))
+    v.store(torch.randn(nb * bs, kvh, d, generator=gen).to(device) * 3, torch.arange(nb * bs, device=device))
+    q = torch.randn(b, h, d, generator=gen).to(device, dtype)
+    tables = torch.randperm(nb, generator=gen)[:b * 4].view(b, 4).int().to(device)
+    ctx = torch.tensor([64, 37, 1], dtype=torch.int32, device=device)
+    dense_k = k.dequantize(k.data, k.scale).float()
+    dense_v = v.dequantize(v.data, v.scale).float()
+    ref = paged_decode_reference(q.float(), dense_k, dense_v, tables, ctx)
+    for splits in (1, 3):
+        out = paged_decode_attention(q, k, v, tables, ctx, splits=splits)
+        assert rel_error(out, ref) < (1e-2 if CUDA else 1e-5)
+
+
+def test_kv_fp8_engine_halves_the_bytes_and_scoring_sees_the_quantized_cache():
+    from engine.kv_quant import QuantKV
+
+    plain = LLMEngine(TINY, EngineConfig(**BASE, paged_kv=True, flash_attn=True))
+    fp8 = LLMEngine(TINY, EngineConfig(**BASE, paged_kv=True, flash_attn=True, kv_fp8=True))
+    assert fp8.bytes_per_token == 2 * 2 * 2 * (16 + 2) and plain.bytes_per_token == 2 * 2 * 2 * 16 * 4
+    assert fp8.block_manager.num_blocks >= 3.5 * plain.block_manager.num_blocks  # float32 -> 1 byte + scales
+    assert isinstance(fp8.model.layers[0].k_cache, QuantKV)
+    ev = fp8.opts_effective()["kv_fp8"]
+    assert ev["on"] and ev["kv_bytes_per_token"] == 144 and ev["model_dtype_kv_bytes_per_token"] == 512
+    prompts = [[3, 1, 4, 1, 5, 9, 2, 6], [2, 7, 1, 8, 2, 8, 1, 8, 2, 8]]
+    seqs = fp8.generate(prompts, SamplingParams(max_tokens=12))
+    full, starts = [s.token_ids for s in seqs], [len(p) for p in prompts]
+    mine, theirs = fp8.score(full, starts), plain.score(full, starts)
+    for lp, ids, start, other in zip(mine, full, starts, theirs):
+        assert lp.argmax(-1).tolist() == ids[start:]  # decoding read the fp8 cache, and so did scoring
+        assert torch.allclose(lp[0], other[0], atol=1e-5)  # the prompt's last position: fresh keys, no cache
+        assert not torch.allclose(lp[1:], other[1:], atol=1e-5)  # later positions read the cache back
+    assert fp8.block_manager.all_free()
