@@ -3,7 +3,9 @@
 Each gate is pass, fail or inconclusive with a reason that carries its numbers; the verdict is fail if
 any gate fails, else inconclusive if any gate could not decide, else pass, with exit status 0, 1 or 2
 so it can serve as an Argo Rollouts analysis Job or behind a Flagger webhook. A gate never passes on
-a metric that was not measured. No torch, no I/O.
+a metric that was not measured. A lossy candidate is decided by the teacher-forced gates
+(abtest/teacher_forced.py) once they were measured; its text gates are then reported (`decides` False),
+except a non-inferiority check that fails. No torch, no I/O.
 """
 from __future__ import annotations
 

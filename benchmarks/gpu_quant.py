@@ -10,7 +10,9 @@
 3. SmolLM2 (bf16 control): the teacher-forced measures of quant_fp8, quant_int8 and kv_fp8 on the builtin
    prompts, with intervals and the gates' verdicts, and the share of greedy answers identical to the control's.
     python benchmarks/gpu_quant.py --out DIR [--smollm2-cache DIR]
-    python benchmarks/gpu_quant.py --cpu --out DIR --num-prompts 8     (what runs on a CPU: 1 and 3, int8)
+    python benchmarks/gpu_quant.py --cpu --out DIR [--candidates ...]    (what a CPU runs: 1 and 3, no fp8 weights)
+On a CPU (float32 control) section 3 is also the calibration of the gates: --candidates
+bfloat16,quant_int8,kv_fp8,zero_layer,round_bits_4,round_bits_3 (README).
 Needs torch, triton, transformers, numpy and psutil: no Hydra, MLflow, sacrebleu or rouge-score.
 """
 from __future__ import annotations
@@ -51,17 +53,21 @@ from engine.sequence import SamplingParams, Sequence  # noqa: E402
 from engine.tokenizer import chat_token_ids  # noqa: E402
 from experiments.teacher_forced_run import score_pair  # noqa: E402
 from quality.prompts import QualityConfig, load_prompt_set  # noqa: E402
-from quality.teacher_forced import to_metrics  # noqa: E402
+from quality.teacher_forced import TokenLogprobs, to_metrics  # noqa: E402
 
 LLAMA8B = ModelConfig(name="llama3_8b_shape", source="random", package=None, gguf_file=None, tokenizer="synthetic",
                       vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
                       num_attention_heads=32, num_key_value_heads=8, head_dim=128, rope_theta=500000.0,
                       max_position_embeddings=8192, tie_word_embeddings=False)
-HAS_KV_FP8 = "kv_fp8" in EngineConfig.__dataclass_fields__
 # the decode setting of the engine; the decode-kernel switches where this engine has them as their own
 DECODE_OPTS = {k: True for k in ("paged_kv", "flash_attn", "dynamic_batching", "batched_decode", "cuda_graphs",
                                  "fused_kernels", "skinny_gemm") if k in EngineConfig.__dataclass_fields__}
 RESULTS: dict = {}
+# candidate -> (engine fields, model fields) on top of the control
+CANDIDATES = {"quant_fp8": ({"quant_fp8": True}, {}), "quant_int8": ({"quant_int8": True}, {}),
+              "kv_fp8": ({"kv_fp8": True}, {}), "bfloat16": ({"dtype": "bfloat16"}, {}),
+              "zero_layer": ({}, {"damage": "zero_layer:15"}), "round_bits_4": ({}, {"damage": "round_bits:4"}),
+              "round_bits_3": ({}, {"damage": "round_bits:3"})}
 
 
 def log(*a) -> None:
@@ -169,9 +175,8 @@ def admitted(engine: LLMEngine, seq_len: int) -> int:
 
 def decode_speed(bw: float, prompt_len: int = 512, steps: int = 128, kv_gb: float = 8.0) -> list[dict]:
     rows = []
-    variants = [("bf16", {}), ("quant_fp8", {"quant_fp8": True}), ("quant_int8", {"quant_int8": True})]
-    if HAS_KV_FP8:
-        variants += [("bf16 + kv_fp8", {"kv_fp8": True}), ("quant_fp8 + kv_fp8", {"quant_fp8": True, "kv_fp8": True})]
+    variants = [("bf16", {}), ("quant_fp8", {"quant_fp8": True}), ("quant_int8", {"quant_int8": True}),
+                ("bf16 + kv_fp8", {"kv_fp8": True}), ("quant_fp8 + kv_fp8", {"quant_fp8": True, "kv_fp8": True})]
     for label, opts in variants:
         cfg = EngineConfig(device="cuda", dtype="bfloat16", max_model_len=2048, kv_cache_gb=kv_gb, max_num_seqs=32,
                            max_num_batched_tokens=32 * prompt_len, **DECODE_OPTS, **opts)
@@ -200,29 +205,46 @@ def decode_speed(bw: float, prompt_len: int = 512, steps: int = 128, kv_gb: floa
 
 # --- 3. SmolLM2 quality ---
 
-def smollm2_quality(model_cfg: ModelConfig, device: str, num_prompts: int, candidates: dict[str, dict]) -> dict:
+class TopKOnly:
+    """A backend that hands out only its top-k log-probs, as vLLM does: to measure that approximation."""
+
+    def __init__(self, backend, k: int = 20):
+        self.backend, self.k, self.tokenizer = backend, k, backend.tokenizer
+
+    def score(self, token_ids_list, starts):
+        full = self.backend.score(token_ids_list, starts)
+        return [TokenLogprobs(t.target, None, *t.topk(self.k)) for t in full]
+
+
+def smollm2_quality(model_cfg: ModelConfig, device: str, num_prompts: int, candidates: list[str],
+                    topk_check: bool = False, answers_too: bool = True) -> dict:
     base = dict(device=device, max_model_len=2048, kv_cache_gb=1.0, **({k: True for k in ("paged_kv", "flash_attn",
                 "dynamic_batching", "batched_decode")} if device == "cuda" else {}))
     control = ReferenceBackend(model_cfg, EngineConfig(**base))
     items = load_prompt_set(QualityConfig(num_prompts=num_prompts), None)
     prompts = [chat_token_ids(control.tokenizer, it.prompt) for it in items]
     answers = control.generate(prompts, 64, progress=False)
-    out = {"num_prompts": len(items), "control": {k: v for k, v in base.items() if k != "device"} | {"dtype": "auto"}}
+    out = {"num_prompts": len(items), "control": {k: v for k, v in base.items() if k != "device"} | {
+        "dtype": "bfloat16" if device == "cuda" else "float32"}}
     gate = GateConfig()
-    for name, opts in candidates.items():
-        cand = ReferenceBackend(model_cfg, EngineConfig(**base, **opts))
+    for name in candidates:
+        opts, model_opts = CANDIDATES[name]
+        cand = ReferenceBackend(dataclasses.replace(model_cfg, **model_opts), EngineConfig(**{**base, **opts}))
         tf = score_pair(control, cand, items, answers, 2048, progress=False)
-        same = sum(a == b for a, b in zip(answers, cand.generate(prompts, 64, progress=False)))
+        same = sum(a == b for a, b in zip(answers, cand.generate(prompts, 64, progress=False))) if answers_too else None
         ivs = intervals(tf, gate.n_boot, gate.seed, gate.alpha)
         checks = teacher_forced_checks(tf, gate.teacher_forced_bounds(), gate.n_boot, gate.seed, gate.alpha,
                                        gate.min_pairs)
         status = ("fail" if any(c.status == "fail" for c in checks) else
                   "inconclusive" if any(c.status == "inconclusive" for c in checks) else "pass")
-        out[name] = {"opts": opts, "metrics": to_metrics(tf), "intervals": {k: dataclasses.asdict(v) for k, v in ivs.items()},
+        out[name] = {"opts": {**opts, **model_opts}, "metrics": to_metrics(tf), "intervals": {k: dataclasses.asdict(v) for k, v in ivs.items()},
                      "gates": [c._asdict() | {"interval": None} for c in checks], "verdict": status,
-                     "exact_answers": same, "quant": cand.opts_effective().get("quant_fp8" if "quant_fp8" in opts
-                                                                              else "quant_int8")}
+                     "exact_answers": same, "evidence": {k: v for k, v in cand.opts_effective().items() if k in opts}}
         log(f"SmolLM2 {name}: {status}; " + "; ".join(c.reason for c in checks))
+        if topk_check:  # the same sequences with only top-20 log-probs from each arm, as from vLLM
+            approx = to_metrics(score_pair(TopKOnly(control), TopKOnly(cand), items, answers, 2048, progress=False))
+            out[name]["kl_mean_top20_over_exact"] = (approx["quality/kl_vs_control_mean"]
+                                                     / out[name]["metrics"]["quality/kl_vs_control_mean"])
         cand.close()
     return out
 
@@ -242,7 +264,7 @@ def markdown(res: dict) -> str:
                   f"{r['admitted_2048']} at {r['kv_cache_gb']} GiB |" for r in speed if "admitted_2048" in r]
     q = res.get("smollm2_quality")
     if isinstance(q, dict) and "num_prompts" in q:
-        lines += ["", f"SmolLM2-135M-Instruct, {q['num_prompts']} builtin prompts, control bf16:", "",
+        lines += ["", f"SmolLM2-135M-Instruct, {q['num_prompts']} builtin prompts, control {q['control']['dtype']}:", "",
                   "| candidate | verdict | KL mean | KL p99 | top-1 agree | ref ppl change | answers identical |",
                   "|---|---|---|---|---|---|---|"]
         for name, r in q.items():
@@ -253,7 +275,8 @@ def markdown(res: dict) -> str:
                 num, pct = (lambda x: f"{x:.4f}"), (lambda x: f"{x:.2%}")
                 lines.append(f"| {name} | {r['verdict']} | {cell('quality/kl_vs_control_mean', num)} | "
                              f"{cell('quality/kl_vs_control_p99', num)} | {cell('quality/top1_agree_vs_control', pct)} | "
-                             f"{cell('quality/ppl_ref_rel_change', pct)} | {r['exact_answers']}/{q['num_prompts']} |")
+                             f"{cell('quality/ppl_ref_rel_change', pct)} | "
+                             f"{'-' if r['exact_answers'] is None else r['exact_answers']}/{q['num_prompts']} |")
     return "\n".join(lines) + "\n"
 
 
@@ -264,7 +287,14 @@ def main() -> None:
     ap.add_argument("--num-prompts", type=int, default=200)
     ap.add_argument("--cpu", action="store_true", help="only what a CPU can run: kernels (interpreter), int8 quality")
     ap.add_argument("--skip-8b", action="store_true")
+    ap.add_argument("--threads", type=int, default=None, help="torch CPU threads (a shared CPU: 1)")
+    ap.add_argument("--no-answers", action="store_true", help="skip each candidate's greedy answers (slow on a CPU)")
+    ap.add_argument("--topk-check", action="store_true", help="also the KL from top-20 log-probs only, vs exact")
+    ap.add_argument("--candidates", default=None, help=f"comma-separated, of {', '.join(CANDIDATES)} "
+                    "(default: quant_fp8,quant_int8,kv_fp8; on a CPU quant_int8,kv_fp8)")
     args = ap.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     args.out.mkdir(parents=True, exist_ok=True)
     device = torch.device("cpu" if args.cpu else "cuda")
     RESULTS["environment"] = environment(device) | {"command": " ".join(sys.argv)}
@@ -272,12 +302,13 @@ def main() -> None:
     if not args.cpu and not args.skip_8b:
         RESULTS["bandwidth_tb_s"] = copy_bandwidth_tb_s()
         section("decode_llama3_8b_shape", args.out, decode_speed, RESULTS["bandwidth_tb_s"])
-    candidates = {"quant_int8": {"quant_int8": True}} if args.cpu else {
-        "quant_fp8": {"quant_fp8": True}, "quant_int8": {"quant_int8": True}}
-    if HAS_KV_FP8:
-        candidates["kv_fp8"] = {"kv_fp8": True}
+    default = "quant_int8,kv_fp8" if args.cpu else "quant_fp8,quant_int8,kv_fp8"
+    candidates = (args.candidates or default).split(",")
+    bad = [c for c in candidates if c not in CANDIDATES]
+    if bad:
+        ap.error(f"--candidates {bad}: valid: {', '.join(CANDIDATES)}")
     section("smollm2_quality", args.out, smollm2_quality, ModelConfig(cache_dir=args.smollm2_cache), device.type,
-            args.num_prompts, candidates)
+            args.num_prompts, candidates, args.topk_check, not args.no_answers)
     (args.out / "gpu_quant.md").write_text(markdown(RESULTS))
     log((args.out / "gpu_quant.md").read_text())
 

@@ -5,9 +5,14 @@ At decode batch sizes a linear layer is a pass over its weights, so a weight of 
 the bf16 step's bytes. One program streams a [BLOCK_N, K] slab of Q once, widens each tile to the
 activations' dtype in registers (int8 codes and E4M3 values are exact in bf16), accumulates x · Qᵀ in
 float32 and multiplies by s once at the end, rounding the output once, as engine/kernels/gemv.py does for
-dense weights. On Triton's CPU interpreter (tests) the dot runs in float32, whose bf16 dot is wrong there.
+dense weights. A one-byte tile holds half the bytes of a bf16 one, so on CUDA the tile shape is autotuned
+per layer shape (N, K) among a few that keep as many bytes in flight (benchmarks/gpu_quant.py records the
+choice); the first call of each shape, the warm-up before graph capture, benchmarks them. On Triton's CPU
+interpreter (tests) one fixed shape runs and the dot is in float32, since its bf16 dot is wrong there.
 """
 from __future__ import annotations
+
+import functools
 
 import torch
 import triton
@@ -48,8 +53,17 @@ def _wq_kernel(X, W, S, OUT, M, N, K, stride_xm, stride_wn, stride_om,
              mask=m_ok[:, None] & n_ok[None, :])
 
 
-def wq_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
-              block_n: int = 32, block_k: int = 256) -> torch.Tensor:
+CONFIGS = [(32, 256, 4), (32, 512, 3), (64, 256, 4), (16, 512, 4)]  # BLOCK_N, BLOCK_K, stages; 4 warps
+
+
+@functools.cache
+def autotuned():
+    """The kernel autotuned over CONFIGS per (N, K), made on first use on CUDA only."""
+    configs = [triton.Config({"BLOCK_N": bn, "BLOCK_K": bk}, num_warps=4, num_stages=st) for bn, bk, st in CONFIGS]
+    return triton.autotune(configs=configs, key=["N", "K"])(_wq_kernel)
+
+
+def wq_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
     """x [M, K] (M <= 16), qweight [N, K] int8 or float8_e4m3fn, scales [N] float32 -> [M, N] in x's dtype."""
     m, k = x.shape
     n = qweight.shape[0]
@@ -57,9 +71,18 @@ def wq_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
     x = x.contiguous()
     assert qweight.stride(1) == 1
     out = torch.empty(m, n, dtype=x.dtype, device=x.device)
-    block_k = min(block_k, max(16, triton.next_power_of_2(k)))
-    _wq_kernel[(triton.cdiv(n, block_n),)](
-        x, qweight, scales, out, m, n, k, x.stride(0), qweight.stride(0), out.stride(0),
-        M_PAD=16, BLOCK_N=block_n, BLOCK_K=block_k,
-        F32_DOT=x.dtype == torch.float32 or not x.is_cuda, num_warps=4, num_stages=4)
+    args = (x, qweight, scales, out, m, n, k, x.stride(0), qweight.stride(0), out.stride(0))
+    if x.is_cuda:
+        autotuned()[lambda meta: (triton.cdiv(n, meta["BLOCK_N"]),)](
+            *args, M_PAD=16, F32_DOT=x.dtype == torch.float32)
+    else:
+        block_k = min(256, max(16, triton.next_power_of_2(k)))
+        _wq_kernel[(triton.cdiv(n, 32),)](*args, M_PAD=16, BLOCK_N=32, BLOCK_K=block_k, F32_DOT=True, num_warps=4)
     return out
+
+
+def chosen_configs() -> dict[str, str]:
+    """(N, K) -> the tile shape the autotuner picked, for the benchmark's record."""
+    if not autotuned.cache_info().currsize:
+        return {}
+    return {str(key[:2]): str(cfg) for key, cfg in autotuned().cache.items()}
