@@ -109,7 +109,7 @@ class GateConfig:
 
     def __post_init__(self) -> None:
         for name, margin in self.quality_margins_rel.items():
-            if not validate_metric(name).startswith("quality/") or name.endswith("_vs_control"):
+            if not validate_metric(name).endswith("_vs_ref"):
                 raise ValueError(
                     f"gate.quality_margins_rel: {name!r} has no control value to be non-inferior to; "
                     f"valid: {', '.join(sorted(m for m in METRICS if m.endswith('_vs_ref')))} "

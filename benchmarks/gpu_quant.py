@@ -253,6 +253,11 @@ def markdown(res: dict) -> str:
     env = res.get("environment", {})
     lines = [f"# Quantization on {env.get('gpu', 'a CPU')}", "", f"torch {env.get('torch')}, CUDA {env.get('cuda')}, "
              f"{env.get('date_utc')} UTC; copy bandwidth {res.get('bandwidth_tb_s', float('nan')):.2f} TB/s", ""]
+    checks = res.get("kernels")
+    if isinstance(checks, list):
+        worst = max(checks, key=lambda r: r["rel_err"] / (1e-2 if "wq_gemv" in r["check"] else 6e-2))
+        lines += [f"Kernels against float64: {sum(r['ok'] for r in checks)} of {len(checks)} checks within tolerance; "
+                  f"worst {worst['check']}: {worst['rel_err']:.2e}.", ""]
     speed = res.get("decode_llama3_8b_shape")
     if isinstance(speed, list):
         lines += ["| weights / KV | batch | ms per step | floor ms | / floor | tok/s |", "|---|---|---|---|---|---|"]
@@ -302,6 +307,9 @@ def main() -> None:
     if not args.cpu and not args.skip_8b:
         RESULTS["bandwidth_tb_s"] = copy_bandwidth_tb_s()
         section("decode_llama3_8b_shape", args.out, decode_speed, RESULTS["bandwidth_tb_s"])
+        from engine.kernels.wq_gemv import chosen_configs
+
+        RESULTS["wq_gemv_configs"] = chosen_configs()
     default = "quant_int8,kv_fp8" if args.cpu else "quant_fp8,quant_int8,kv_fp8"
     candidates = (args.candidates or default).split(",")
     bad = [c for c in candidates if c not in CANDIDATES]

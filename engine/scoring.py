@@ -19,7 +19,7 @@ import torch
 
 from engine.sequence import SamplingParams, Sequence
 
-MAX_SCORED_POSITIONS = 1024  # a batch's logits: 1024 x 49,152 x 4 bytes = 200 MB for SmolLM2's vocabulary
+MAX_SCORED_POSITIONS = 512  # a batch's logits: 512 x 49,152 x 4 bytes = 100 MB for SmolLM2's vocabulary
 
 
 def _check(engine, token_ids_list: list[list[int]], starts: list[int]) -> None:
