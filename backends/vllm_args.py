@@ -18,6 +18,7 @@ GIB = 1 << 30
 # quant_int8 is not here: vLLM has no weight-only int8 for an unquantized checkpoint (its int8 paths load
 # checkpoints quantized ahead of time), so it is refused rather than silently run in the model dtype
 SUPPORTED = ("paged_kv", "flash_attn", "dynamic_batching", "batched_decode", "cuda_graphs", "prefix_cache",
+             "chunked_prefill", "fused_kernels",  # skinny_gemm: vLLM has no switch for its GEMM kernels
              "quant_fp8", "kv_fp8")
 CPU_BLOCK_MULTIPLE = 32  # vLLM's CPU_ATTN kernel takes block sizes that are multiples of 32 only
 # vLLM has no unfused attention: with flash_attn off on CUDA it runs its Triton paged kernel instead
@@ -66,6 +67,10 @@ def opt_mappings(cfg: EngineConfig, device_type: str) -> list[OptMapping]:
         OptMapping("prefix_cache", "prefix_cache" in want, MAPPED, cfg.prefix_cache,
                    "--enable-prefix-caching / --no-enable-prefix-caching (vLLM's default is on, so off is explicit)",
                    ["--enable-prefix-caching" if cfg.prefix_cache else "--no-enable-prefix-caching"]),
+        OptMapping("chunked_prefill", "chunked_prefill" in want, MAPPED, cfg.chunked_prefill,
+                   "--enable-chunked-prefill / --no-enable-chunked-prefill; off, vLLM's scheduler still puts whole "
+                   "prompts and decodes in one step (it has no prompt-only steps), it only stops cutting prompts",
+                   ["--enable-chunked-prefill" if cfg.chunked_prefill else "--no-enable-chunked-prefill"]),
     ]
     # quant_fp8 is CUDA only: refused on a CPU with the other CUDA-only opts (engine/validation.py)
     maps.append(OptMapping("quant_fp8", "quant_fp8" in want, MAPPED, cfg.quant_fp8,
@@ -73,8 +78,8 @@ def opt_mappings(cfg: EngineConfig, device_type: str) -> list[OptMapping]:
                            "load, with its own scales; ours: one per output channel); off: the checkpoint's dtype",
                            ["--quantization", "fp8"] if cfg.quant_fp8 else []))
     maps.append(OptMapping("kv_fp8", "kv_fp8" in want, MAPPED, cfg.kv_fp8,
-                           "--kv-cache-dtype fp8 when on (vLLM keeps one scale per layer, 1.0 unless the checkpoint carries "
-                           "calibrated ones; ours: one per token and head); off: the model dtype",
+                           "--kv-cache-dtype fp8 when on (vLLM keeps one scale per layer, 1.0 unless the checkpoint "
+                           "carries calibrated ones; ours: one per token and head); off: the model dtype",
                            ["--kv-cache-dtype", "fp8"] if cfg.kv_fp8 else []))
     if cpu:
         maps += [
@@ -83,6 +88,7 @@ def opt_mappings(cfg: EngineConfig, device_type: str) -> list[OptMapping]:
                        "--attention-backend cannot select another", extra={"backend": "CPU_ATTN"}),
             OptMapping("cuda_graphs", False, FIXED, False,
                        "vLLM's CPU platform captures no graphs (it empties cudagraph_capture_sizes)"),
+            OptMapping("fused_kernels", False, FIXED, False, "a GPU opt: vLLM's CPU kernels are its own"),
         ]
     else:
         attn = CUDA_ATTENTION[cfg.flash_attn]
@@ -96,6 +102,9 @@ def opt_mappings(cfg: EngineConfig, device_type: str) -> list[OptMapping]:
                        "compilation_config.cudagraph_mode FULL_AND_PIECEWISE when on, NONE when off (torch.compile "
                        "stays on either way; --enforce-eager in engine.server.extra_args turns both off)",
                        ["--compilation-config", json.dumps({"cudagraph_mode": mode})], extra={"cudagraph_mode": mode}),
+            OptMapping("fused_kernels", "fused_kernels" in want, ALWAYS_ON, True,
+                       "torch.compile (Inductor) fuses vLLM's element-wise work whatever our switch says; only "
+                       "--enforce-eager in engine.server.extra_args turns it off"),
         ]
     return maps
 

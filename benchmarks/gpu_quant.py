@@ -133,7 +133,8 @@ def weights_read_bytes(model) -> int:
     """What a decode step reads: every weight once (quantized ones as stored), the embedding table aside."""
     emb = model.embed_tokens.weight
     total = sum(p.numel() * p.element_size() for p in model.parameters() if p is not emb)
-    return total + sum(b.numel() * b.element_size() for n, b in model.named_buffers() if n.endswith(("qweight", "scales")))
+    quant = [b for n, b in model.named_buffers() if n.endswith(("qweight", "scales"))]
+    return total + sum(b.numel() * b.element_size() for b in quant)
 
 
 def copy_bandwidth_tb_s() -> float:
@@ -184,8 +185,8 @@ def decode_speed(bw: float, prompt_len: int = 512, steps: int = 128, kv_gb: floa
         w_bytes = weights_read_bytes(engine.model)
         for batch in (1, 8, 32):
             timed_generate(engine, batch, prompt_len, 4)  # warm-up
-            runs = [(timed_generate(engine, batch, prompt_len, steps + 1) - timed_generate(engine, batch, prompt_len, 1))
-                    / steps * 1000 for _ in range(3)]
+            runs = [(timed_generate(engine, batch, prompt_len, steps + 1)
+                     - timed_generate(engine, batch, prompt_len, 1)) / steps * 1000 for _ in range(3)]
             ms = statistics.median(runs)
             kv_read = batch * (prompt_len + steps / 2) * engine.bytes_per_token
             floor = (w_bytes + kv_read) / (bw * 1e12) * 1000
@@ -237,7 +238,8 @@ def smollm2_quality(model_cfg: ModelConfig, device: str, num_prompts: int, candi
                                        gate.min_pairs)
         status = ("fail" if any(c.status == "fail" for c in checks) else
                   "inconclusive" if any(c.status == "inconclusive" for c in checks) else "pass")
-        out[name] = {"opts": {**opts, **model_opts}, "metrics": to_metrics(tf), "intervals": {k: dataclasses.asdict(v) for k, v in ivs.items()},
+        out[name] = {"opts": {**opts, **model_opts}, "metrics": to_metrics(tf),
+                     "intervals": {k: dataclasses.asdict(v) for k, v in ivs.items()},
                      "gates": [c._asdict() | {"interval": None} for c in checks], "verdict": status,
                      "exact_answers": same, "evidence": {k: v for k, v in cand.opts_effective().items() if k in opts}}
         log(f"SmolLM2 {name}: {status}; " + "; ".join(c.reason for c in checks))
@@ -261,15 +263,16 @@ def markdown(res: dict) -> str:
     speed = res.get("decode_llama3_8b_shape")
     if isinstance(speed, list):
         lines += ["| weights / KV | batch | ms per step | floor ms | / floor | tok/s |", "|---|---|---|---|---|---|"]
-        lines += [f"| {r['variant']} | {r['batch']} | {r['step_ms']:.2f} | {r['floor_ms']:.2f} | {r['over_floor']:.2f} | "
-                  f"{r['tok_s']:.0f} |" for r in speed if "batch" in r]
+        lines += [f"| {r['variant']} | {r['batch']} | {r['step_ms']:.2f} | {r['floor_ms']:.2f} | "
+                  f"{r['over_floor']:.2f} | {r['tok_s']:.0f} |" for r in speed if "batch" in r]
         lines += ["", "| weights / KV | weight bytes read | KV bytes per token | 2048-token sequences admitted |",
                   "|---|---|---|---|"]
         lines += [f"| {r['variant']} | {r['weight_bytes_read'] / 2**30:.2f} GiB | {r['kv_bytes_per_token']:,} | "
                   f"{r['admitted_2048']} at {r['kv_cache_gb']} GiB |" for r in speed if "admitted_2048" in r]
     q = res.get("smollm2_quality")
     if isinstance(q, dict) and "num_prompts" in q:
-        lines += ["", f"SmolLM2-135M-Instruct, {q['num_prompts']} builtin prompts, control {q['control']['dtype']}:", "",
+        head = f"SmolLM2-135M-Instruct, {q['num_prompts']} builtin prompts, control {q['control']['dtype']}:"
+        lines += ["", head, "",
                   "| candidate | verdict | KL mean | KL p99 | top-1 agree | ref ppl change | answers identical |",
                   "|---|---|---|---|---|---|---|"]
         for name, r in q.items():
@@ -279,7 +282,8 @@ def markdown(res: dict) -> str:
                                      if m in iv else "-")
                 num, pct = (lambda x: f"{x:.4f}"), (lambda x: f"{x:.2%}")
                 lines.append(f"| {name} | {r['verdict']} | {cell('quality/kl_vs_control_mean', num)} | "
-                             f"{cell('quality/kl_vs_control_p99', num)} | {cell('quality/top1_agree_vs_control', pct)} | "
+                             f"{cell('quality/kl_vs_control_p99', num)} | "
+                             f"{cell('quality/top1_agree_vs_control', pct)} | "
                              f"{cell('quality/ppl_ref_rel_change', pct)} | "
                              f"{'-' if r['exact_answers'] is None else r['exact_answers']}/{q['num_prompts']} |")
     return "\n".join(lines) + "\n"

@@ -1,5 +1,6 @@
 """Do the lossless switches keep SmolLM2's greedy outputs? Each switch alone and all together against the
-baseline, on the whole built-in quality set, float32 on the CPU, exact text (issue 3's done-when).
+baseline, on the whole built-in quality set, float32 on the CPU, exact text; and chunked prefill with a token
+budget of 16, so that every prompt is split across steps and decodes are mixed into every step.
 
     .venv/bin/python benchmarks/quality_equivalence.py --out benchmarks/results/quality_equivalence.md
 """
@@ -24,6 +25,11 @@ from engine.tokenizer import chat_token_ids  # noqa: E402
 from quality.prompts import QualityConfig, load_prompt_set  # noqa: E402
 
 
+# chunked prefill with a budget small enough that every prompt of the set is split (max_num_seqs must fit it)
+SPLIT = {f"{name} (budget 16: every prompt split)": {**switches, "max_num_batched_tokens": 16}
+         for name, switches in switch_configs().items() if switches.get("chunked_prefill")}
+
+
 def outputs(engine_cfg: EngineConfig, prompts: list[list[int]], max_tokens: int) -> tuple[list[str], float]:
     t0 = time.perf_counter()
     engine = LLMEngine(ModelConfig(), engine_cfg)
@@ -37,13 +43,15 @@ def main() -> int:
     p.add_argument("--prompts", type=int, default=200)
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument("--out", type=Path, default=None)
+    p.add_argument("--configs", nargs="*", default=None, help="names to run (default: all); 'baseline' is always run")
     args = p.parse_args()
     items = load_prompt_set(QualityConfig(num_prompts=args.prompts), None)
     tokenizer = load_tokenizer(ModelConfig())
     prompts = [chat_token_ids(tokenizer, it.prompt) for it in items]
     results: dict[str, tuple[list[str], float]] = {}
-    for name, switches in switch_configs().items():
-        cfg = EngineConfig(device="cpu", dtype="float32", **switches)
+    configs = {**switch_configs(), **SPLIT}
+    for name in ["baseline", *[n for n in (args.configs or configs) if n != "baseline"]]:
+        cfg = EngineConfig(device="cpu", dtype="float32", **configs[name])
         results[name] = outputs(cfg, prompts, args.max_new_tokens)
         print(f"{name}: {time.strftime('%H:%M:%S')}", flush=True)
     base = results["baseline"][0]

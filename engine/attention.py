@@ -1,9 +1,20 @@
-"""Attention over the KV cache. `flash_attn` is read once, in `make_backend`.
+"""Attention over the KV cache. `flash_attn` is read once, where the engine calls `make_backend`.
 
-off: naive attention, written out: QKᵀ, mask, softmax, ·V (the baseline a user starts from).
-on:  fused attention: PyTorch SDPA; on CUDA the flash kernel is forced for prefill, so a fallback to a
-     slower kernel raises instead of running silently; decode over the paged cache runs the project's
-     Triton kernel (engine/kernels/paged_decode.py) where it is available.
+Two kinds of step reach attention (engine/model_runner.py):
+- decode: one query per sequence, at its last position (`decode`);
+- varlen (`prefill`): each sequence's queries are the last `query_lens[i]` positions of its context of
+  `context_lens_list[i]` tokens: whole prompts, prompt chunks whose earlier chunks are cached (chunked
+  prefill), prompts whose prefix came from the prefix cache, and, in a mixed step, decode rows (one query).
+  The layer stores the step's K/V in the cache before attention, so a query can read its whole context
+  from the cache.
+
+off: naive attention, written out: QKᵀ, mask, softmax, ·V, sequence by sequence (the baseline a user
+     starts from).
+on:  fused attention. On CUDA the project's Triton kernels over the paged cache: every varlen step (prompts,
+     chunks, prefix hits, mixed steps) in one launch of engine/kernels/paged_prefill.py, decode steps
+     through engine/kernels/paged_decode.py, which serves the contiguous cache too (one block per sequence).
+     On CPU, PyTorch SDPA: the decode rows of a mixed step batched together, the other sequences one by one
+     (with the flash kernel forced where SDPA runs on CUDA, so a fallback raises instead of running slowly).
 """
 from __future__ import annotations
 
@@ -25,8 +36,29 @@ class AttnMeta:
     block_tables: torch.Tensor  # [B, max_blocks] (int32 or int64)
     context_lens: torch.Tensor  # [B] tokens in the cache after this step
     max_context_len: int
-    query_lens: list[int] = field(default_factory=list)  # prefill: new tokens per sequence
-    context_lens_list: list[int] = field(default_factory=list)  # prefill: total tokens per sequence
+    query_lens: list[int] = field(default_factory=list)  # varlen: new tokens per sequence
+    context_lens_list: list[int] = field(default_factory=list)  # varlen: total tokens per sequence
+    # the Triton varlen kernel's inputs, set once per step by FusedAttention.plan where it will run
+    query_start: torch.Tensor | None = None  # [B + 1] int32, cumulative query_lens
+    tiles: tuple[torch.Tensor, torch.Tensor] | None = None  # int32 [num_tiles] each: sequence index, first query
+
+
+def packed(parts: list[list[int]], dtype: torch.dtype, device: torch.device) -> list[torch.Tensor]:
+    """Several int lists to the device in one copy, each starting on a 16-byte boundary. Triton compiles a
+    kernel per alignment of its pointer arguments: views at offsets that change with the step's size would
+    make it compile again in the middle of a replay (a stall of a second or more), and run slower."""
+    per = 16 // torch.empty((), dtype=dtype).element_size()
+    sizes = [len(x) for x in parts]
+    host: list[int] = []
+    for x in parts:
+        host += x
+        host += [0] * (-len(x) % per)
+    dev = torch.tensor(host, dtype=dtype).to(device)
+    out, start = [], 0
+    for n in sizes:
+        out.append(dev[start:start + n])
+        start += n + (-n % per)
+    return out
 
 
 def store_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
@@ -98,13 +130,17 @@ class NaiveAttention:
 
 
 class FusedAttention:
-    """SDPA. On CUDA prefill runs only the flash kernel: if it cannot, SDPA raises."""
+    """SDPA, and on CUDA the project's Triton kernels over the paged cache (see the module docstring)."""
 
-    def __init__(self, device: torch.device, paged_decode=None):
+    def __init__(self, device: torch.device, num_heads: int, num_kv_heads: int, triton: bool | None = None):
+        """triton: the Triton kernels for decode and cached-context steps (default: on CUDA; the tests run
+        them on CPU tensors through Triton's interpreter)."""
         self.cuda = device.type == "cuda"
-        self.paged_decode = paged_decode  # Triton kernel for the paged cache on CUDA, or None
+        self.triton = self.cuda if triton is None else triton
+        self.num_heads, self.num_kv_heads = num_heads, num_kv_heads
         self.name = "sdpa_flash" if self.cuda else "sdpa_cpu"
-        self.decode_backend = "triton_paged" if paged_decode else "sdpa"
+        self.decode_backend = "triton_paged" if self.triton else "sdpa"
+        self.varlen_steps = 0  # steps that ran the varlen kernel: evidence for opts_effective
 
     def _sdpa(self, q, k, v, **kw):
         if not self.cuda:
@@ -113,10 +149,45 @@ class FusedAttention:
         with sdpa_kernel([SDPBackend.FLASH_ATTENTION]):
             return F.scaled_dot_product_attention(q, k, v, enable_gqa=True, **kw)
 
+    def plan(self, meta: AttnMeta) -> None:
+        """Once per varlen step, where the Triton varlen kernel runs (CUDA): its tile list. It serves fresh
+        prompts too: one launch for a step of many prompts, where SDPA takes one call per sequence."""
+        if not self.triton:
+            return
+        from engine.kernels.paged_prefill import block_q, tile_list
+
+        q_lens = meta.query_lens
+        seq, first = tile_list(q_lens, block_q(self.num_heads, self.num_kv_heads))
+        starts = [0]
+        for n in q_lens:
+            starts.append(starts[-1] + n)
+        meta.query_start, tile_seq, tile_first = packed([starts, seq, first], torch.int32, meta.slot_mapping.device)
+        meta.tiles = (tile_seq, tile_first)
+        self.varlen_steps += 1
+
     def prefill(self, q, k, v, meta: AttnMeta, k_cache, v_cache) -> torch.Tensor:
+        if meta.tiles is not None:
+            from engine.kernels.paged_prefill import paged_prefill_attention
+
+            return paged_prefill_attention(q, k_cache, v_cache, meta.block_tables, meta.query_start,
+                                           meta.context_lens, meta.tiles)
+        out = torch.empty_like(q)
+        starts = [0]
+        for n in meta.query_lens:
+            starts.append(starts[-1] + n)
+        decode_rows = [i for i, n in enumerate(meta.query_lens) if n == 1] if not self.triton else []
+        if len(decode_rows) > 1:  # one batched call for the decode rows of a mixed step
+            idx = torch.tensor([starts[i] for i in decode_rows], device=q.device)
+            sub = AttnMeta(False, meta.slot_mapping, meta.block_tables[decode_rows],
+                           meta.context_lens[decode_rows].to(torch.int32),
+                           max(meta.context_lens_list[i] for i in decode_rows))
+            out[idx] = self.decode(q[idx], sub, k_cache, v_cache)
         from torch.nn.attention.bias import causal_lower_right
-        out, start = torch.empty_like(q), 0
+        skip = set(decode_rows) if len(decode_rows) > 1 else set()
         for i, q_len in enumerate(meta.query_lens):
+            if i in skip:
+                continue
+            start = starts[i]
             ks, vs = _seq_kv(i, k, v, start, meta, k_cache, v_cache)
             qs = q[start:start + q_len].transpose(0, 1)[None]
             ks, vs = ks.transpose(0, 1)[None], vs.transpose(0, 1)[None]
@@ -125,12 +196,13 @@ class FusedAttention:
             else:  # queries are the last q_len positions of the context
                 o = self._sdpa(qs, ks, vs, attn_mask=causal_lower_right(q_len, ks.shape[2]))
             out[start:start + q_len] = o[0].transpose(0, 1)
-            start += q_len
         return out
 
     def decode(self, q, meta: AttnMeta, k_cache, v_cache) -> torch.Tensor:
-        if self.paged_decode is not None:
-            return self.paged_decode(q, k_cache, v_cache, meta.block_tables, meta.context_lens)
+        if self.triton:
+            from engine.kernels.paged_decode import paged_decode_attention
+
+            return paged_decode_attention(q, k_cache, v_cache, meta.block_tables, meta.context_lens)
         ks = gather_kv(k_cache, meta.block_tables, meta.max_context_len).transpose(1, 2)
         vs = gather_kv(v_cache, meta.block_tables, meta.max_context_len).transpose(1, 2)
         pos = torch.arange(meta.max_context_len, device=q.device)
@@ -140,11 +212,5 @@ class FusedAttention:
                                               enable_gqa=True).squeeze(2)
 
 
-def make_backend(flash_attn: bool, device: torch.device, paged: bool):
-    if not flash_attn:
-        return NaiveAttention()
-    paged_decode = None
-    if paged and device.type == "cuda":
-        from engine.kernels.paged_decode import paged_decode_attention
-        paged_decode = paged_decode_attention
-    return FusedAttention(device, paged_decode)
+def make_backend(flash_attn: bool, device: torch.device, num_heads: int, num_kv_heads: int):
+    return FusedAttention(device, num_heads, num_kv_heads) if flash_attn else NaiveAttention()

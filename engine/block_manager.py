@@ -5,14 +5,29 @@ One mechanism serves both settings of `paged_kv`, read once where the engine pic
   max_model_len slots up front and never needs another;
 - on (paged): small blocks allocated on demand as the sequence grows and freed at finish.
 Prefix caching (paged only) reuses full blocks whose chained hash and tokens match, by reference count.
+A block is registered for reuse by the step that writes its KV (`register_full_blocks`, when the step is
+scheduled): a request admitted later in the same step may already share it, since every layer stores the
+step's K/V before it attends; a block that a later chunk of a split prompt will write is not registered
+yet, so chunked prefill never lends out KV that no step has written.
 """
 from __future__ import annotations
 
 import hashlib
 import struct
 from collections import deque
+from dataclasses import dataclass
 
 from engine.sequence import Sequence
+
+
+@dataclass(frozen=True)
+class KVLayout:
+    """How the KV pool is cut, resolved once where the engine reads paged_kv: contiguous KV is one block
+    of max_model_len slots per sequence, paged KV blocks of block_size."""
+
+    block_size: int
+    num_blocks: int
+    fp8: bool = False  # kv_fp8: E4M3 values with a scale per token and head (engine/kv_quant.py)
 
 
 class Block:
@@ -119,9 +134,6 @@ class BlockManager:
                 else:
                     self._take(block_id)
                     self.used_tokens += block.num_tokens
-            if h != -1:
-                block.hash, block.token_ids = h, tuple(tokens)
-                self.hash_to_block[h] = block.block_id
             prefix = h
             seq.block_table.append(block.block_id)
 
@@ -144,10 +156,19 @@ class BlockManager:
         filled = (len(seq) - 1) % bs + 1
         self.used_tokens += filled - last.num_tokens
         last.num_tokens = filled
-        if self.enable_prefix_cache and filled == bs:
-            # a block just became full: register it so later requests sharing this prefix can reuse it
-            n = len(seq.block_table)
-            prefix = self.blocks[seq.block_table[-2]].hash if n > 1 else -1
-            tokens = seq.block_tokens(n - 1, bs)
-            last.hash, last.token_ids = chain_hash(tokens, prefix), tuple(tokens)
-            self.hash_to_block[last.hash] = last.block_id
+
+    # --- the step being scheduled writes KV: the blocks it fills become reusable by prefix ---
+    def register_full_blocks(self, seq: Sequence, upto: int) -> None:
+        """The step being scheduled writes seq's KV from seq.num_computed_tokens up to `upto`: register
+        every block that it fills, chaining each hash on the block before it."""
+        if not self.enable_prefix_cache:
+            return
+        bs = self.block_size
+        for i in range(seq.num_computed_tokens // bs, upto // bs):
+            block = self.blocks[seq.block_table[i]]
+            if block.hash != -1:  # it came from the cache
+                continue
+            prefix = self.blocks[seq.block_table[i - 1]].hash if i > 0 else -1
+            tokens = seq.block_tokens(i, bs)
+            block.hash, block.token_ids = chain_hash(tokens, prefix), tuple(tokens)
+            self.hash_to_block[block.hash] = block.block_id

@@ -87,7 +87,10 @@ class EngineConfig:
     dynamic_batching: bool = False
     batched_decode: bool = False
     cuda_graphs: bool = False
+    fused_kernels: bool = False
+    skinny_gemm: bool = False
     prefix_cache: bool = False
+    chunked_prefill: bool = False
     # lossy: weight-only int8 / FP8 E4M3 weights with per-channel scales (engine/quant.py)
     quant_int8: bool = False
     quant_fp8: bool = False

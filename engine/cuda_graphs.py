@@ -13,11 +13,13 @@ graphs decode attention is therefore always the Triton paged kernel (engine/kern
 whatever flash_attn says: it reads context_lens on the device and serves the contiguous cache too, as
 one block of max_model_len per sequence. Prefill stays eager and follows flash_attn.
 
-The captured step also runs the fused element-wise kernels (engine/kernels/fused.py; `fused=False`
-captures the eager layer) and, for buckets of up to 16 rows, the skinny-GEMM kernel for the linear
-layers (engine/kernels/gemv.py; `skinny=False` keeps cuBLAS). On the H200, Llama-3-8B's shape, batch 1,
-graph replay: eager layer 6.45 ms, fused element-wise 4.54 ms, and skinny GEMM 4.40 ms; at batch 8 the
-skinny GEMM is even with cuBLAS (benchmarks/results/gpu_h200.md).
+The captured step is the step the engine would run eagerly: the eager layer, or the fused element-wise
+kernels (engine/kernels/fused.py) with `fused_kernels`, and the skinny-GEMM kernel for buckets of up to 16
+rows with `skinny_gemm` (engine/kernels/gemv.py; cuBLAS above). So a ladder measures graph replay alone and
+each kernel alone. On the H200, Llama-3-8B's shape, batch 1, graph replay: eager layer 6.45 ms, fused
+element-wise 4.54 ms, and skinny GEMM 4.40 ms; at batch 8 the skinny GEMM is even with cuBLAS
+(benchmarks/results/gpu_h200.md). Steps with prompt tokens (prefill, chunked prefill's mixed steps) run
+eagerly: their shapes change every step.
 """
 from __future__ import annotations
 
@@ -26,7 +28,7 @@ import time
 import torch
 
 from engine.attention import AttnMeta
-from engine.model import LlamaModel
+from engine.model import DecodeKernels, LlamaModel
 
 
 def batch_buckets(max_batch: int) -> list[int]:
@@ -58,10 +60,9 @@ class GraphDecodeAttention:
 
 class CUDAGraphRunner:
     def __init__(self, model: LlamaModel, device: torch.device, max_batch: int, max_model_len: int,
-                 block_size: int, dummy_block: int, fused: bool = True, skinny: bool = True):
+                 block_size: int, dummy_block: int, kernels: DecodeKernels = DecodeKernels()):
         assert device.type == "cuda", "cuda_graphs is refused on CPU at validation"
-        self.model, self.device, self.fused = model, device, fused
-        self.skinny = skinny and fused
+        self.model, self.device, self.kernels = model, device, kernels
         self.buckets = batch_buckets(max_batch)
         self.max_model_len = max_model_len
         self.dummy_slot = dummy_block * block_size
@@ -86,7 +87,7 @@ class CUDAGraphRunner:
 
     @property
     def _step_kw(self) -> dict:
-        return dict(attn=self.attn, fused=self.fused, skinny=self.skinny)
+        return dict(attn=self.attn, fused=self.kernels.fused, skinny=self.kernels.skinny)
 
     def _capture(self) -> None:
         t0 = time.perf_counter()
@@ -129,4 +130,5 @@ class CUDAGraphRunner:
     def evidence(self) -> dict:
         return {"on": True, "buckets": self.buckets, "replays": self.replays,
                 "eager_fallbacks": self.eager_fallbacks, "decode_attention": self.attn.name,
-                "fused_kernels": self.fused, "skinny_gemm": self.skinny, "capture_s": round(self.capture_s, 3)}
+                "fused_kernels": self.kernels.fused, "skinny_gemm": self.kernels.skinny,
+                "capture_s": round(self.capture_s, 3)}

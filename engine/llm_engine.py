@@ -1,4 +1,11 @@
-"""The reference engine: schedule() -> run() -> postprocess(), one step at a time."""
+"""The reference engine: schedule() -> run() -> postprocess(), one step at a time.
+
+The engine's switches are read here, once each, and handed down as what they decide: paged_kv as the KV
+layout, flash_attn as the attention backend, cuda_graphs / fused_kernels / skinny_gemm as the decode step's
+graphs and kernels, prefix_cache to the block manager, batched_decode to the detokenizer, quant_int8 /
+quant_fp8 as the weights' quantization (engine/quant.py), kv_fp8 as the KV layout's format. The scheduler
+takes the config itself and reads dynamic_batching and chunked_prefill (engine/scheduler.py).
+"""
 from __future__ import annotations
 
 import os
@@ -8,17 +15,19 @@ from dataclasses import dataclass
 import psutil
 import torch
 
-from engine.block_manager import BlockManager
+from engine.attention import make_backend
+from engine.block_manager import BlockManager, KVLayout
 from engine.config import EngineConfig, ModelConfig
 from engine.detokenizer import Detokenizer
-from engine.loader import load_model, load_tokenizer, model_shape, resolve_device, resolve_dtype
-from engine.model_runner import ModelRunner, kv_bytes_per_token
 from engine.kv_quant import kv_fp8_bytes_per_token
+from engine.loader import load_model, load_tokenizer, model_shape, resolve_device, resolve_dtype
+from engine.model import DecodeKernels
+from engine.model_runner import ModelRunner, kv_bytes_per_token
 from engine.opts import enabled_opts
 from engine.quant import linear_dims, quant_method, quantize_model, validate_quant
-from engine.scheduler import Scheduler, SchedulerConfig
+from engine.scheduler import Scheduler
 from engine.sequence import SamplingParams, Sequence
-from engine.stats import KVTimeline, StageTimers
+from engine.stats import KVTimeline, StageTimers, StepStats
 from engine.validation import validate_engine, validate_head_dim
 
 GIB = float(1 << 30)
@@ -71,19 +80,22 @@ class LLMEngine:
         self.load_s = time.perf_counter() - t0
         num_blocks = self._num_blocks()  # a fraction of free memory is known only once the weights are in
         self.block_manager = BlockManager(num_blocks, self.block_size, enable_prefix_cache=cfg.prefix_cache)
-        self.runner = ModelRunner(self.model, self.device, self.dtype, num_blocks, self.block_size, cfg,
-                                  kv_fp8=self.kv_fp8)
+        self.runner = ModelRunner(
+            self.model, self.device, self.dtype, KVLayout(self.block_size, num_blocks, fp8=self.kv_fp8),
+            make_backend(cfg.flash_attn, self.device, shape.num_attention_heads, shape.num_key_value_heads),
+            DecodeKernels(fused=cfg.fused_kernels, skinny=cfg.skinny_gemm),
+            graph_max_batch=max(cfg.batch_size, cfg.max_num_seqs) if cfg.cuda_graphs else None,
+            max_model_len=cfg.max_model_len)
         eos = self.tokenizer.eos_token_id
-        self.scheduler = Scheduler(SchedulerConfig(
-            dynamic_batching=cfg.dynamic_batching, batch_size=cfg.batch_size,
-            batch_timeout_s=cfg.batch_timeout_ms / 1000, max_num_seqs=cfg.max_num_seqs,
-            max_num_batched_tokens=cfg.max_num_batched_tokens, max_model_len=cfg.max_model_len,
-            eos_token_ids=tuple(eos if isinstance(eos, list) else [eos])), self.block_manager)
+        self.scheduler = Scheduler(cfg, self.block_manager, tuple(eos if isinstance(eos, list) else [eos]))
         self.detokenizer = Detokenizer(self.tokenizer, batched=cfg.batched_decode)
         self.timers = StageTimers()
+        self.step_stats = StepStats()
         self.kv_timeline = KVTimeline(self.bytes_per_token)
         self.kv_pool_bytes = num_blocks * self.block_size * self.bytes_per_token
         self._peak_rss = 0
+        self._process = psutil.Process(os.getpid())  # once: building it reads /proc, every step would pay that
+        self.enabled_opts = enabled_opts(cfg)
         self.start_s = time.perf_counter() - t0
 
     # --- setup ---
@@ -135,16 +147,23 @@ class LLMEngine:
             batch = self.scheduler.schedule(time.monotonic())
         if batch is None:
             return []
-        with t.time("prefill" if batch.is_prefill else "decode", self._sync):
-            logits = self.runner.forward(batch.seqs, batch.is_prefill)
+        decode_tokens = batch.num_decode_tokens
+        prefill_tokens = batch.num_tokens - decode_tokens
+        stage = "decode" if not prefill_tokens else "prefill" if not decode_tokens else "mixed"
+        t0 = time.perf_counter()
+        with t.time(stage, self._sync):
+            logits = self.runner.forward(batch)
+        self.step_stats.record(prefill_tokens, decode_tokens, time.perf_counter() - t0,
+                               self.scheduler.decodes_waiting)
+        sampled = batch.sampled_seqs
         with t.time("sample"):
-            token_ids = self.detokenizer.to_host(self.runner.sample(logits, batch.seqs))
+            token_ids = self.detokenizer.to_host(self.runner.sample(logits, sampled))
         now = time.monotonic()
-        finished = {s.seq_id for s in self.scheduler.postprocess(batch.seqs, token_ids)}
+        finished = {s.seq_id for s in self.scheduler.postprocess(batch, token_ids)}
         with t.time("detokenize"):
-            texts = self.detokenizer.update(batch.seqs)
+            texts = self.detokenizer.update(sampled)
         events = []
-        for seq, tok, text in zip(batch.seqs, token_ids, texts):
+        for seq, tok, text in zip(sampled, token_ids, texts):
             if seq.seq_id in finished:
                 self.runner.release(seq)
             events.append(TokenEvent(seq.request_id, tok, text, now, seq.seq_id in finished, seq.finish_reason,
@@ -156,7 +175,7 @@ class LLMEngine:
         bm = self.block_manager
         self.kv_timeline.record(now, bm.reserved_tokens, bm.used_tokens)
         if self.device.type == "cpu":
-            self._peak_rss = max(self._peak_rss, psutil.Process(os.getpid()).memory_info().rss)
+            self._peak_rss = max(self._peak_rss, self._process.memory_info().rss)
 
     def generate(self, prompts: list[list[int]], params: SamplingParams | list[SamplingParams],
                  progress=None) -> list[Sequence]:
@@ -180,11 +199,12 @@ class LLMEngine:
     # --- measurements ---
     def reset_stats(self) -> None:
         self.timers.reset()
+        self.step_stats.reset()
         self.kv_timeline.reset()
         self._peak_rss = 0
         # the counters too: a warm-up's preemptions, prefix hits and batch sizes are not the replay's
         sched, bm, det = self.scheduler, self.block_manager, self.detokenizer
-        sched.num_preemptions, sched.batch_sizes_seen = 0, {}
+        sched.num_preemptions, sched.batch_sizes_seen, sched.prompts_split = 0, {}, 0
         bm.blocks_allocated_total = bm.prefix_queries = bm.prefix_hits = 0
         det.host_copies = det.decode_calls = 0
         if self.device.type == "cuda":
@@ -194,13 +214,13 @@ class LLMEngine:
         if self.device.type == "cuda":
             peak = torch.cuda.max_memory_allocated(self.device)
         else:
-            peak = self._peak_rss or psutil.Process(os.getpid()).memory_info().rss
+            peak = self._peak_rss or self._process.memory_info().rss
         out = {"perf/peak_mem_gb": peak / GIB, "perf/kv_pool_gb": self.kv_pool_bytes / GIB}
         out.update(self.kv_timeline.metrics())
         return out
 
     def stage_metrics(self) -> dict[str, float]:
-        m = self.timers.metrics()
+        m = {**self.timers.metrics(), **self.step_stats.metrics()}
         m["perf/preemptions"] = float(self.scheduler.num_preemptions)
         bm = self.block_manager
         if bm.prefix_queries:
@@ -209,26 +229,34 @@ class LLMEngine:
 
     def opts_effective(self) -> dict[str, dict]:
         """Per opt: whether it was really in effect, and the evidence."""
-        cfg, bm, sched, det = self.cfg, self.block_manager, self.scheduler, self.detokenizer
+        bm, sched, det, runner, st = self.block_manager, self.scheduler, self.detokenizer, self.runner, self.step_stats
+        on = set(self.enabled_opts)
         steps = max(1, sum(sched.batch_sizes_seen.values()))
+        graphs = runner.graphs.evidence() if runner.graphs else {"on": False}
+        attn = runner.model.attn
         return {
-            "paged_kv": {"on": cfg.paged_kv, "block_size": self.block_size, "num_blocks": bm.num_blocks,
+            "paged_kv": {"on": "paged_kv" in on, "block_size": self.block_size, "num_blocks": bm.num_blocks,
                          "blocks_allocated": bm.blocks_allocated_total},
-            "flash_attn": {"on": cfg.flash_attn, "backend": self.runner.attention_backend},
-            "dynamic_batching": {"on": cfg.dynamic_batching,
+            "flash_attn": {"on": "flash_attn" in on, "backend": runner.attention_backend,
+                           "varlen_kernel_steps": getattr(attn, "varlen_steps", 0)},
+            "dynamic_batching": {"on": "dynamic_batching" in on,
                                  "batch_sizes_seen": dict(sorted(sched.batch_sizes_seen.items())),
                                  "preemptions": sched.num_preemptions},
-            "batched_decode": {"on": cfg.batched_decode, "host_copies_per_step": det.host_copies / steps,
+            "batched_decode": {"on": "batched_decode" in on, "host_copies_per_step": det.host_copies / steps,
                                "decode_calls_per_step": det.decode_calls / steps},
-            "cuda_graphs": self.runner.graphs.evidence() if self.runner.graphs else {"on": False},
-            "prefix_cache": {"on": cfg.prefix_cache, "hits": bm.prefix_hits, "queries": bm.prefix_queries},
+            "cuda_graphs": graphs,
+            "fused_kernels": {"on": runner.kernels.fused, "eager_decode_steps": runner.eager_decode_steps,
+                              "in_graphs": graphs.get("fused_kernels", False)},
+            "skinny_gemm": {"on": runner.kernels.skinny, "in_graphs": graphs.get("skinny_gemm", False)},
+            "prefix_cache": {"on": "prefix_cache" in on, "hits": bm.prefix_hits, "queries": bm.prefix_queries},
+            "chunked_prefill": {"on": sched.mode == "chunked", "steps": st.steps, "mixed_steps": st.mixed_steps,
+                                "prompts_split": sched.prompts_split,
+                                "prefill_tokens_per_step": round(st.prefill_tokens / max(1, st.steps), 1),
+                                "decode_tokens_per_step": round(st.decode_tokens / max(1, st.steps), 1),
+                                "decode_stall_s": round(st.stall_s, 3)},
             "quant_int8": {**self.quant.evidence(), "on": self.quant.method == "int8"},
             "quant_fp8": {**self.quant.evidence(), "on": self.quant.method == "fp8"},
             "kv_fp8": {"on": self.kv_fp8, "kv_bytes_per_token": self.bytes_per_token,
                        "model_dtype_kv_bytes_per_token": kv_bytes_per_token(self.model.shape, self.dtype),
-                       "decode_attention": self.runner.attention_backend},
+                       "decode_attention": runner.attention_backend},
         }
-
-    @property
-    def enabled_opts(self) -> list[str]:
-        return enabled_opts(self.cfg)

@@ -1,13 +1,13 @@
 """A Llama-family decoder in plain PyTorch, over a flat batch of tokens and a block KV cache.
 
 Weights load from Hugging Face safetensors (q/k/v and gate/up fused at load time), or are drawn at
-random on the device for tests and speed work. Attention is delegated to the backend chosen in
-engine/attention.py, the one place `flash_attn` is read.
+random on the device for tests and speed work. Attention is delegated to the backend the engine chose
+(engine/attention.py).
 
-`forward(..., fused=True)` runs the same layers through the fused Triton kernels of
-engine/kernels/fused.py (6 small kernels a layer instead of ~30), and with skinny=True the linear
-layers through engine/kernels/gemv.py (SiLU·mul folded in: 5): the decode step that cuda_graphs captures (engine/cuda_graphs.py).
-It needs Triton, so a CUDA device or Triton's interpreter.
+`forward(..., fused=True)` runs a decode step's layers through the fused Triton kernels of
+engine/kernels/fused.py (6 small kernels a layer instead of ~30: `fused_kernels`), and with skinny=True the
+linear layers through engine/kernels/gemv.py (SiLU·mul folded in: 5; `skinny_gemm`), eagerly or inside the
+graphs of engine/cuda_graphs.py. It needs Triton, so a CUDA device or Triton's interpreter.
 """
 from __future__ import annotations
 
@@ -18,6 +18,15 @@ from torch import nn
 
 from engine.attention import AttnMeta, store_kv
 from engine.kv_quant import QuantKV, rope_store_kv_fp8
+
+
+@dataclass(frozen=True)
+class DecodeKernels:
+    """Which kernels a decode step runs: fused element-wise kernels (fused_kernels) and the skinny GEMM
+    (skinny_gemm), resolved once by the engine from its switches."""
+
+    fused: bool = False
+    skinny: bool = False
 
 
 @dataclass
@@ -129,7 +138,9 @@ class DecoderLayer(nn.Module):
         store = rope_store_kv_fp8 if isinstance(self.k_cache, QuantKV) else fused.rope_store_kv  # kv_fp8
         q = store(linear(self.qkv_proj, h), positions, rotary.cos, rotary.sin, meta.slot_mapping,
                   self.k_cache, self.v_cache, self.nh, self.nkv, self.hd)
-        o = attn.decode(q, meta, self.k_cache, self.v_cache)
+        # a varlen step reaches here only when its attention reads K/V from the cache (model_runner.py)
+        o = attn.prefill(q, None, None, meta, self.k_cache, self.v_cache) if meta.is_prefill else \
+            attn.decode(q, meta, self.k_cache, self.v_cache)
         h, residual = fused.add_rmsnorm(linear(self.o_proj, o.reshape(t, self.nh * self.hd)), residual,
                                         self.post_attention_layernorm.weight, self.post_attention_layernorm.eps)
         return linear(self.down_proj, linear(self.gate_up_proj, h, silu_mul=True)), residual
@@ -153,12 +164,11 @@ class LlamaModel(nn.Module):
                 fused: bool = False, skinny: bool = False) -> torch.Tensor:
         """input_ids/positions [T] -> float32 logits [len(logits_indices), vocab].
         attn: an attention backend other than self.attn (the graph-safe decode of engine/cuda_graphs.py);
-        fused: decode only (meta.is_prefill False), through the fused kernels; skinny: and the linear
-        layers through the skinny-GEMM kernel."""
+        fused: through the fused kernels (a decode step, or a varlen step whose attention reads the cache);
+        skinny: and the linear layers of up to 16 rows through the skinny-GEMM kernel."""
         attn = attn or self.attn
         x = self.embed_tokens(input_ids)
         if fused:
-            assert not meta.is_prefill, "the fused path is for decode steps"
             from engine.kernels.fused import add_rmsnorm
             from engine.kernels.gemv import decode_linear
 

@@ -1,14 +1,23 @@
 """The only part of the engine that touches the device each step: KV cache tensors, input preparation,
-the forward pass and sampling. `cuda_graphs` is read here, once: decode steps then replay captured graphs
-(engine/cuda_graphs.py) and fall back to the eager forward only for a batch above the largest bucket."""
+the forward pass and sampling.
+
+A step is a `Batch` (engine/scheduler.py): each sequence computes its next `num_new_tokens` tokens.
+- all of them one decode token: the decode path (graph replay when the engine built a CUDAGraphRunner,
+  the fused decode kernels when `DecodeKernels` says so, else the eager layer);
+- anything else (whole prompts, prompt chunks, or chunks mixed with decode rows): the varlen path, each
+  sequence's queries the last positions of its context, attention over the paged cache.
+Logits come back only for the sequences that get a token this step (a prompt chunk gets none).
+"""
 from __future__ import annotations
 
+import numpy as np
 import torch
 
-from engine.attention import AttnMeta, make_backend
-from engine.config import EngineConfig
+from engine.attention import AttnMeta, packed
+from engine.block_manager import KVLayout
 from engine.kv_quant import QuantKV
-from engine.model import LlamaModel, LlamaShape
+from engine.model import DecodeKernels, LlamaModel, LlamaShape
+from engine.scheduler import Batch
 from engine.sequence import SamplingParams, Sequence
 
 
@@ -18,31 +27,34 @@ def kv_bytes_per_token(model: LlamaModel | LlamaShape, dtype: torch.dtype) -> in
 
 
 class ModelRunner:
-    def __init__(self, model: LlamaModel, device: torch.device, dtype: torch.dtype, num_blocks: int,
-                 block_size: int, cfg: EngineConfig, kv_fp8: bool = False):
-        """kv_fp8: the cache as engine/kv_quant.py's QuantKV (E4M3 with scales), as the engine decided."""
+    def __init__(self, model: LlamaModel, device: torch.device, dtype: torch.dtype, layout: KVLayout, attn,
+                 kernels: DecodeKernels = DecodeKernels(), graph_max_batch: int | None = None,
+                 max_model_len: int = 2048):
+        """graph_max_batch: capture decode steps in CUDA graphs up to this batch (None: no graphs)."""
         self.model, self.device, self.dtype = model, device, dtype
-        self.block_size = block_size
+        self.block_size = layout.block_size
+        self.kernels = kernels
         s = model.shape
         # under graphs one block more than the block manager knows: the padding rows' dummy slot
-        pool_blocks = num_blocks + 1 if cfg.cuda_graphs else num_blocks
+        pool_blocks = layout.num_blocks + (graph_max_batch is not None)
         for layer in model.layers:
             # zeros, not empty: masked-out slots are multiplied by 0 in attention, and 0 * NaN is NaN
-            if kv_fp8:
-                layer.k_cache, layer.v_cache = (QuantKV.zeros(pool_blocks, block_size, s.num_key_value_heads,
+            if layout.fp8:  # kv_fp8, as the engine decided: E4M3 values with scales (engine/kv_quant.py)
+                layer.k_cache, layer.v_cache = (QuantKV.zeros(pool_blocks, layout.block_size, s.num_key_value_heads,
                                                               s.head_dim, dtype, device) for _ in range(2))
                 continue
-            layer.k_cache = torch.zeros(pool_blocks, block_size, s.num_key_value_heads, s.head_dim,
+            layer.k_cache = torch.zeros(pool_blocks, layout.block_size, s.num_key_value_heads, s.head_dim,
                                         dtype=dtype, device=device)
             layer.v_cache = torch.zeros_like(layer.k_cache)
-        model.attn = make_backend(cfg.flash_attn, device, cfg.paged_kv)
+        model.attn = attn
         self.generators: dict[int, torch.Generator] = {}
+        self.eager_decode_steps = 0  # decode steps run outside graphs (through the fused kernels if on)
         self.graphs = None
-        if cfg.cuda_graphs:
+        if graph_max_batch is not None:
             from engine.cuda_graphs import CUDAGraphRunner
 
-            self.graphs = CUDAGraphRunner(model, device, max(cfg.batch_size, cfg.max_num_seqs),
-                                          cfg.max_model_len, block_size, dummy_block=num_blocks)
+            self.graphs = CUDAGraphRunner(model, device, graph_max_batch, max_model_len, layout.block_size,
+                                          dummy_block=layout.num_blocks, kernels=kernels)
 
     @property
     def attention_backend(self) -> str:
@@ -51,50 +63,86 @@ class ModelRunner:
         name = attn.name if not hasattr(attn, "decode_backend") else f"{attn.name}+{attn.decode_backend}"
         return name if self.graphs is None else f"{name} (graph decode: {self.graphs.attn.name})"
 
-    def _slot(self, seq: Sequence, pos: int) -> int:
-        return seq.block_table[pos // self.block_size] * self.block_size + pos % self.block_size
+    # --- inputs ---
+    @staticmethod
+    def _table_rows(seqs: list[Sequence]) -> torch.Tensor:
+        """The sequences' block tables, padded with block 0 to the widest, on the host."""
+        rows = np.zeros((len(seqs), max(len(s.block_table) for s in seqs)), dtype=np.int32)
+        for i, s in enumerate(seqs):
+            rows[i, :len(s.block_table)] = s.block_table
+        return torch.from_numpy(rows)
 
     def _block_tables(self, seqs: list[Sequence]) -> torch.Tensor:
-        width = max(len(s.block_table) for s in seqs)
-        rows = [s.block_table + [0] * (width - len(s.block_table)) for s in seqs]
-        return torch.tensor(rows, dtype=torch.int32, device=self.device)
+        return self._table_rows(seqs).to(self.device)
 
-    def prepare_prefill(self, seqs: list[Sequence]):
-        ids, pos, slots, q_lens, ctx_lens = [], [], [], [], []
-        for seq in seqs:
-            start = seq.num_cached_tokens
-            ids += seq.token_ids[start:]
-            pos += range(start, len(seq))
-            slots += [self._slot(seq, p) for p in range(start, len(seq))]
-            q_lens.append(len(seq) - start)
-            ctx_lens.append(len(seq))
-        t = lambda x: torch.tensor(x, dtype=torch.long, device=self.device)  # noqa: E731
-        meta = AttnMeta(True, t(slots), self._block_tables(seqs), t(ctx_lens), max(ctx_lens), q_lens, ctx_lens)
-        last = torch.tensor(q_lens, device=self.device).cumsum(0) - 1
-        return t(ids), t(pos), meta, last
+    def _slots(self, seq: Sequence, start: int, end: int) -> list[int]:
+        """The cache slots of seq's positions [start, end): numpy for a long run, plain Python for a few
+        (a decode row of a mixed step; a numpy array per row would cost more than its arithmetic)."""
+        bs, table = self.block_size, seq.block_table
+        if end - start <= 16:
+            return [table[p // bs] * bs + p % bs for p in range(start, end)]
+        pos = np.arange(start, end)
+        return (np.asarray(table, dtype=np.int64)[pos // bs] * bs + pos % bs).tolist()
+
+    def prepare_varlen(self, batch: Batch):
+        """Token ids, positions, attention metadata and the rows whose logits are needed, for a step of
+        variable-length queries (each sequence's next num_new_tokens tokens)."""
+        ids: list[int] = []
+        pos: list[int] = []
+        slots: list[int] = []
+        q_lens, ctx_lens, last = batch.num_new_tokens, [], []
+        for seq, n, sample in zip(batch.seqs, q_lens, batch.samples):
+            start = seq.num_computed_tokens
+            ids += seq.token_ids[start:start + n]
+            pos += range(start, start + n)
+            slots += self._slots(seq, start, start + n)
+            ctx_lens.append(start + n)
+            if sample:
+                last.append(len(ids) - 1)
+        ids_d, pos_d, slots_d, ctx_d, last_d = packed([ids, pos, slots, ctx_lens, last], torch.long, self.device)
+        meta = AttnMeta(True, slots_d, self._block_tables(batch.seqs), ctx_d, max(ctx_lens), list(q_lens), ctx_lens)
+        plan = getattr(self.model.attn, "plan", None)
+        if plan is not None:
+            plan(meta)
+        return ids_d, pos_d, meta, last_d
+
+    def _fused_varlen(self, meta) -> bool:
+        """The fused element-wise kernels serve a varlen step too when its attention reads everything from
+        the cache (the Triton varlen kernel): the fused layer writes K/V to the cache and keeps no copy."""
+        return self.kernels.fused and meta.tiles is not None
 
     def _decode_inputs(self, seqs: list[Sequence]):
-        ids = [s.last_token for s in seqs]
-        pos = [len(s) - 1 for s in seqs]
-        slots = [self._slot(s, p) for s, p in zip(seqs, pos)]
-        return ids, pos, slots, [len(s) for s in seqs]
+        """Plain Python on purpose: a decode step has one token a sequence, and a numpy array per sequence
+        costs more than the arithmetic (this runs every step, on the host, while the GPU waits)."""
+        bs = self.block_size
+        ids, pos, slots, ctx = [], [], [], []
+        for s in seqs:
+            p = len(s) - 1
+            ids.append(s.token_ids[-1])
+            pos.append(p)
+            slots.append(s.block_table[p // bs] * bs + p % bs)
+            ctx.append(p + 1)
+        return ids, pos, slots, ctx
 
     def prepare_decode(self, seqs: list[Sequence]):
         ids, pos, slots, ctx = self._decode_inputs(seqs)
-        t = lambda x: torch.tensor(x, dtype=torch.long, device=self.device)  # noqa: E731
-        meta = AttnMeta(False, t(slots), self._block_tables(seqs), t(ctx).to(torch.int32), max(ctx))
-        return t(ids), t(pos), meta, torch.arange(len(seqs), device=self.device)
+        ids_d, pos_d, slots_d, ctx_d = packed([ids, pos, slots, ctx], torch.long, self.device)
+        meta = AttnMeta(False, slots_d, self._block_tables(seqs), ctx_d.to(torch.int32), max(ctx))
+        return ids_d, pos_d, meta, torch.arange(len(seqs), device=self.device)
 
-    def forward(self, seqs: list[Sequence], is_prefill: bool) -> torch.Tensor:
-        if not is_prefill and self.graphs is not None:
-            width = max(len(s.block_table) for s in seqs)
-            tables = torch.tensor([s.block_table + [0] * (width - len(s.block_table)) for s in seqs],
-                                  dtype=torch.int32)
-            logits = self.graphs.run(*self._decode_inputs(seqs), tables)
+    # --- the step ---
+    def forward(self, batch: Batch) -> torch.Tensor:
+        """float32 logits [number of sampled sequences, vocab], in the order of batch.sampled_seqs."""
+        if not batch.is_decode:
+            ids, pos, meta, last = self.prepare_varlen(batch)
+            return self.model(ids, pos, meta, last, fused=self._fused_varlen(meta), skinny=self.kernels.skinny)
+        seqs = batch.seqs
+        if self.graphs is not None:
+            logits = self.graphs.run(*self._decode_inputs(seqs), self._table_rows(seqs))
             if logits is not None:
                 return logits
-        prep = self.prepare_prefill(seqs) if is_prefill else self.prepare_decode(seqs)
-        return self.model(*prep)
+        self.eager_decode_steps += 1
+        return self.model(*self.prepare_decode(seqs), fused=self.kernels.fused, skinny=self.kernels.skinny)
 
     def sample(self, logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
         """Next token per sequence, on the device: greedy where temperature is 0, else seeded sampling."""

@@ -1,47 +1,80 @@
-"""Which sequences run in the next step. Plain bookkeeping: no torch, no clock of its own (`now` is passed in).
+"""Which sequences run in the next step, and how many of their tokens. Plain bookkeeping: no torch, no
+clock of its own (`now` is passed in).
 
-`dynamic_batching` is read here and only here:
-- off (static batching): wait until `batch_size` requests are waiting or the oldest has waited
+`dynamic_batching` and `chunked_prefill` are read here and only here, once, into the scheduling mode:
+- static (both off): wait until `batch_size` requests are waiting or the oldest has waited
   `batch_timeout_s`, admit that batch, and run it to completion before admitting anything else;
-- on (continuous batching): at every step admit waiting requests FCFS within `max_num_seqs` and
-  `max_num_batched_tokens`, and retire finished ones at once.
-In both, a sequence that cannot get a KV block preempts the most recently admitted running sequence,
+- continuous (dynamic_batching): at every step admit waiting requests FCFS within `max_num_seqs` and
+  `max_num_batched_tokens`, and retire finished ones at once; a step is either new prompts, whole, or
+  one decode token for every running sequence;
+- chunked (chunked_prefill, which needs dynamic_batching): every step fills one budget of
+  `max_num_batched_tokens` tokens: a token for every running decode first, then the rest of any prompt
+  already under way, then new prompts, the last one cut to what is left of the budget (its next chunk
+  comes in the next step). Running decodes never wait behind a long prompt.
+In all three, a sequence that cannot get a KV block preempts the most recently admitted running sequence,
 whose KV is dropped and recomputed later (it goes back to the front of the queue: nothing starves).
 """
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from engine.block_manager import BlockManager
+from engine.config import EngineConfig
 from engine.sequence import Sequence, SeqStatus
 
 
 @dataclass
-class SchedulerConfig:
-    dynamic_batching: bool = False
-    batch_size: int = 8
-    batch_timeout_s: float = 0.05
-    max_num_seqs: int = 16
-    max_num_batched_tokens: int = 8192
-    eos_token_ids: tuple[int, ...] = ()
-    max_model_len: int = 2048
-
-
-@dataclass
 class Batch:
+    """One step: each sequence computes the KV of its next `num_new_tokens` tokens (from its
+    num_computed_tokens on); the ones whose tokens are then all computed get a new token sampled."""
+
     seqs: list[Sequence]
-    is_prefill: bool
+    num_new_tokens: list[int]
+    samples: list[bool] = field(init=False)
+
+    def __post_init__(self) -> None:
+        assert len(self.seqs) == len(self.num_new_tokens) and all(n >= 1 for n in self.num_new_tokens)
+        self.samples = [s.num_computed_tokens + n == len(s) for s, n in zip(self.seqs, self.num_new_tokens)]
+
+    def is_decode_row(self, i: int) -> bool:
+        """One token at the sequence's last position: a decode (or a one-token prompt, which is the same)."""
+        return self.num_new_tokens[i] == 1 and self.samples[i]
+
+    @property
+    def is_decode(self) -> bool:
+        return all(self.is_decode_row(i) for i in range(len(self.seqs)))
+
+    @property
+    def is_prefill(self) -> bool:
+        return not any(self.is_decode_row(i) for i in range(len(self.seqs)))
+
+    @property
+    def num_decode_tokens(self) -> int:
+        return sum(self.is_decode_row(i) for i in range(len(self.seqs)))
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(self.num_new_tokens)
+
+    @property
+    def sampled_seqs(self) -> list[Sequence]:
+        return [s for s, sample in zip(self.seqs, self.samples) if sample]
 
 
 class Scheduler:
-    def __init__(self, cfg: SchedulerConfig, block_manager: BlockManager):
+    def __init__(self, cfg: EngineConfig, block_manager: BlockManager, eos_token_ids: tuple[int, ...] = ()):
         self.cfg = cfg
         self.bm = block_manager
+        self.eos_token_ids = eos_token_ids
+        self.mode = "chunked" if cfg.chunked_prefill else "continuous" if cfg.dynamic_batching else "static"
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
+        # evidence for opts_effective
         self.num_preemptions = 0
-        self.batch_sizes_seen: dict[int, int] = {}  # evidence for opts_effective
+        self.batch_sizes_seen: dict[int, int] = {}
+        self.prompts_split = 0  # prompts that took more than one step (chunked)
+        self.decodes_waiting = 0  # after the last schedule(): running decodes left out of the step
 
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
@@ -50,17 +83,24 @@ class Scheduler:
         return bool(self.waiting or self.running)
 
     def schedule(self, now: float) -> Batch | None:
-        batch = self._schedule_dynamic() if self.cfg.dynamic_batching else self._schedule_static(now)
+        if self.mode == "chunked":
+            batch = self._schedule_chunked()
+        elif self.mode == "continuous":
+            batch = self._schedule_continuous()
+        else:
+            batch = self._schedule_static(now)
         if batch is not None:
             n = len(batch.seqs)
             self.batch_sizes_seen[n] = self.batch_sizes_seen.get(n, 0) + 1
+            in_step = {s.seq_id for s in batch.seqs}
+            self.decodes_waiting = sum(s.seq_id not in in_step and _decoding(s) for s in self.running)
         return batch
 
     def next_deadline(self) -> float | None:
         """When a static batch would be released by its timeout, if one is being held back."""
-        if self.cfg.dynamic_batching or self.running or not self.waiting:
+        if self.mode != "static" or self.running or not self.waiting:
             return None
-        return self.waiting[0].arrival_time + self.cfg.batch_timeout_s
+        return self.waiting[0].arrival_time + self.cfg.batch_timeout_ms / 1000
 
     # --- static batching: the baseline ---
     def _schedule_static(self, now: float) -> Batch | None:
@@ -69,70 +109,122 @@ class Scheduler:
         if not self.waiting:
             return None
         oldest_wait = now - self.waiting[0].arrival_time
-        if len(self.waiting) < self.cfg.batch_size and oldest_wait < self.cfg.batch_timeout_s:
+        if len(self.waiting) < self.cfg.batch_size and oldest_wait < self.cfg.batch_timeout_ms / 1000:
             return None
         batch: list[Sequence] = []
+        counts: list[int] = []
         while self.waiting and len(batch) < self.cfg.batch_size and self.bm.can_allocate(self.waiting[0]):
             batch.append(self._admit(self.waiting.popleft()))
+            counts.append(self._step_tokens(batch[-1], len(batch[-1])))
         assert batch, "an empty pool must fit one max-length sequence (checked at validation)"
-        return Batch(batch, is_prefill=True)
+        return Batch(batch, counts)
 
     # --- continuous batching ---
-    def _schedule_dynamic(self) -> Batch | None:
+    def _schedule_continuous(self) -> Batch | None:
         batch: list[Sequence] = []
-        num_tokens = 0
+        counts: list[int] = []
         while self.waiting and len(self.running) < self.cfg.max_num_seqs:  # _admit adds to running
             seq = self.waiting[0]
             # the first sequence of a step is admitted whatever its length, so a long prompt never starves
-            over_budget = batch and num_tokens + len(seq) > self.cfg.max_num_batched_tokens
+            over_budget = batch and sum(counts) + len(seq) > self.cfg.max_num_batched_tokens
             if over_budget or not self.bm.can_allocate(seq):
                 break
             batch.append(self._admit(self.waiting.popleft()))
-            num_tokens += len(seq) - seq.num_cached_tokens
+            counts.append(self._step_tokens(seq, len(seq)))
         if batch:
-            return Batch(batch, is_prefill=True)
+            return Batch(batch, counts)
         return self._decode() if self.running else None
-
-    def _admit(self, seq: Sequence) -> Sequence:
-        self.bm.allocate(seq)
-        seq.status = SeqStatus.RUNNING
-        self.running.append(seq)
-        return seq
 
     def _decode(self) -> Batch | None:
         queue = deque(self.running)
         scheduled: list[Sequence] = []
         while queue:
             seq = queue.popleft()
-            while not self.bm.can_append(seq):
-                if queue:
-                    self._preempt(queue.pop())
-                else:
-                    self._preempt(seq)
-                    break
-            else:
-                self.bm.may_append(seq)
+            if self._reserve_decode_slot(seq, queue):
                 scheduled.append(seq)
-        self.running = list(scheduled)  # a copy: postprocess retires from running, not from the batch
-        return Batch(scheduled, is_prefill=False) if scheduled else None
+        return Batch(scheduled, [self._step_tokens(s, len(s)) for s in scheduled]) if scheduled else None
+
+    # --- chunked prefill ---
+    def _schedule_chunked(self) -> Batch | None:
+        budget = self.cfg.max_num_batched_tokens
+        seqs: list[Sequence] = []
+        counts: list[int] = []
+        # running sequences first, oldest first: decodes, and prompts whose earlier chunks have run
+        queue = deque(sorted(self.running, key=lambda s: not _decoding(s)))  # stable: decodes lead
+        preemptions = self.num_preemptions
+        while queue and budget > 0:
+            seq = queue.popleft()
+            if _decoding(seq):
+                if not self._reserve_decode_slot(seq, queue):
+                    continue
+                n = self._step_tokens(seq, len(seq))
+            else:  # its blocks were allocated for the whole prompt at admission
+                n = self._step_tokens(seq, min(len(seq), seq.num_computed_tokens + budget))
+            seqs.append(seq)
+            counts.append(n)
+            budget -= n
+        # then new prompts, unless KV ran short this step (they would only be preempted again)
+        preempted = self.num_preemptions > preemptions
+        while not preempted and budget > 0 and self.waiting and len(self.running) < self.cfg.max_num_seqs:
+            if not self.bm.can_allocate(self.waiting[0]):
+                break
+            seq = self._admit(self.waiting.popleft())
+            n = self._step_tokens(seq, min(len(seq), seq.num_computed_tokens + budget))
+            self.prompts_split += n < len(seq) - seq.num_computed_tokens
+            seqs.append(seq)
+            counts.append(n)
+            budget -= n
+        return Batch(seqs, counts) if seqs else None
+
+    # --- shared pieces ---
+    def _admit(self, seq: Sequence) -> Sequence:
+        self.bm.allocate(seq)
+        seq.num_computed_tokens = seq.num_cached_tokens
+        seq.status = SeqStatus.RUNNING
+        self.running.append(seq)
+        return seq
+
+    def _step_tokens(self, seq: Sequence, upto: int) -> int:
+        """seq joins the step being scheduled, which writes its KV up to position `upto`: the blocks that
+        fills become reusable by prefix at once. Returns the number of tokens it computes."""
+        self.bm.register_full_blocks(seq, upto)
+        return upto - seq.num_computed_tokens
+
+    def _reserve_decode_slot(self, seq: Sequence, queue: deque[Sequence]) -> bool:
+        """A KV slot for seq's next token, preempting from the back of `queue` (the most recently admitted
+        sequences not yet in this step), or seq itself when nothing is left to take. True if it got one."""
+        while not self.bm.can_append(seq):
+            if queue:
+                self._preempt(queue.pop())
+            else:
+                self._preempt(seq)
+                return False
+        self.bm.may_append(seq)
+        return True
 
     def _preempt(self, seq: Sequence) -> None:
         self.bm.deallocate(seq)
         seq.reset_for_recompute()
+        self.running.remove(seq)
         self.waiting.appendleft(seq)
         self.num_preemptions += 1
 
     # --- after the step ---
-    def postprocess(self, seqs: list[Sequence], token_ids: list[int]) -> list[Sequence]:
-        """Append each sequence's new token; retire and free the finished ones. Returns those."""
+    def postprocess(self, batch: Batch, token_ids: list[int]) -> list[Sequence]:
+        """Advance each sequence by the tokens the step computed; append the new token of each sampled one
+        (token_ids, in the order of batch.sampled_seqs); retire and free the finished ones. Returns those."""
         finished = []
-        for seq, tok in zip(seqs, token_ids):
+        sampled = iter(token_ids)
+        for seq, n, sample in zip(batch.seqs, batch.num_new_tokens, batch.samples):
+            seq.num_computed_tokens += n
+            if not sample:  # a prompt chunk: the next one comes in a later step
+                continue
+            tok = next(sampled)
             seq.append_token(tok)
-            seq.num_computed_tokens = len(seq) - 1
             p = seq.params
             if seq.num_output_tokens >= p.max_tokens:
                 seq.finish_reason = "length"
-            elif not p.ignore_eos and tok in self.cfg.eos_token_ids:
+            elif not p.ignore_eos and tok in self.eos_token_ids:
                 seq.finish_reason = "stop"
             elif len(seq) >= self.cfg.max_model_len:
                 seq.finish_reason = "max_model_len"
@@ -143,3 +235,9 @@ class Scheduler:
             self.running.remove(seq)
             finished.append(seq)
         return finished
+
+
+def _decoding(seq: Sequence) -> bool:
+    """Every token but the newest has its KV: the next step is a decode step for it."""
+    return seq.num_computed_tokens == len(seq) - 1
+

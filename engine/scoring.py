@@ -4,10 +4,10 @@
 (from `start` on) whose tokens are scored, each given those before it, as generation would have seen them:
 1. the prompts are prefilled, as a request's prompt is: its last position gives the first continuation
    token's log-probs;
-2. the continuations (all but their last token) run as one more prefill step over the cached prompts, the
-   path a prefix-cache hit takes: each position attends to its context read back from the KV cache, as a
-   decode step does. So a lossy cache (kv_fp8) counts here as it counts in generation, where a single
-   prefill would attend to fresh keys and values and never see it.
+2. the continuations (all but their last token) run as one more step over the cached prompts, the path a
+   prompt's later chunk takes (chunked prefill): each position attends to its context read back from the
+   KV cache, as a decode step does. So a lossy cache (kv_fp8) counts here as it counts in generation; a
+   single prefill would attend to fresh keys and values and never see it.
 Sequences are packed into batches within the engine's token budget and free KV blocks, through the runner's
 own prefill path (the same attention backend, KV layout and quantized layers a request would see), with
 logits taken at every scored position; their blocks are freed at once. Blocks are allocated with the
@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import torch
 
+from engine.scheduler import Batch
 from engine.sequence import SamplingParams, Sequence
 
 MAX_SCORED_POSITIONS = 512  # a batch's logits: 512 x 49,152 x 4 bytes = 100 MB for SmolLM2's vocabulary
@@ -53,10 +54,17 @@ def _batches(engine, token_ids_list: list[list[int]], starts: list[int]):
         yield batch
 
 
-def _forward(engine, seqs: list[Sequence], index: list[int]) -> torch.Tensor:
-    input_ids, positions, meta, _ = engine.runner.prepare_prefill(seqs)
-    logits = engine.model(input_ids, positions, meta, torch.tensor(index, device=engine.device))
-    return torch.log_softmax(logits.float(), dim=-1).cpu()
+def _forward(engine, seqs: list[Sequence], num_new: list[int], all_rows: bool) -> torch.Tensor:
+    """One varlen step through the runner's input path and the eager layers, log-probs on the host: of every
+    computed row (all_rows), or of each sequence's last row."""
+    if hasattr(engine.runner, "prepare_varlen"):
+        input_ids, positions, meta, last = engine.runner.prepare_varlen(Batch(seqs, num_new))
+    else:  # TEMPORARY-COMPAT: a runner of before chunked prefill, loaded by a run still in flight
+        for s, n in zip(seqs, num_new):
+            s.num_cached_tokens = len(s) - n
+        input_ids, positions, meta, last = engine.runner.prepare_prefill(seqs)
+    index = torch.arange(len(input_ids), device=engine.device) if all_rows else last
+    return torch.log_softmax(engine.model(input_ids, positions, meta, index).float(), dim=-1).cpu()
 
 
 def _score_batch(engine, token_ids: list[list[int]], starts: list[int]) -> list[torch.Tensor]:
@@ -72,15 +80,14 @@ def _score_batch(engine, token_ids: list[list[int]], starts: list[int]) -> list[
             p = Sequence(seq.request_id, seq.token_ids[:start], seq.params)
             p.block_table = seq.block_table  # the prompt's KV goes into the blocks of the whole sequence
             prompts.append(p)
-        first = _forward(engine, prompts, (torch.tensor(starts).cumsum(0) - 1).tolist())  # 1. last prompt position
+        first = _forward(engine, prompts, list(starts), all_rows=False)  # 1. each prompt's last position
         rest = [(seq, st) for seq, st in zip(seqs, starts) if len(seq) > st]
         for seq, st in rest:
-            seq.num_cached_tokens = st  # 2. the prompt is in the cache: only the continuation is computed
+            seq.num_computed_tokens = st  # 2. the prompt is in the cache: only the continuation is computed
         n_new = [len(seq) - st for seq, st in rest]
-        later = iter(_forward(engine, [s for s, _ in rest], list(range(sum(n_new)))).split(n_new) if rest else [])
+        later = iter(_forward(engine, [s for s, _ in rest], n_new, all_rows=True).split(n_new) if rest else [])
     finally:
         for seq in seqs:
-            seq.num_cached_tokens = 0
             if seq.block_table:
                 bm.deallocate(seq)
         bm.enable_prefix_cache = prefix_cache

@@ -6,7 +6,7 @@ import time
 from collections import defaultdict
 from contextlib import contextmanager
 
-STAGES = ("tokenize", "schedule", "prefill", "decode", "sample", "detokenize")
+STAGES = ("tokenize", "schedule", "prefill", "decode", "mixed", "sample", "detokenize")
 
 
 class StageTimers:
@@ -68,3 +68,34 @@ class KVTimeline:
             # time-averaged over the steps that held any KV: how much of what was set aside was used
             "perf/kv_util": sum(u / r for r, u in busy) / len(busy),
         }
+
+
+class StepStats:
+    """What each step carried: prompt tokens and decode tokens, whether it mixed the two, and how long
+    running decodes waited behind it (a step that left ready decodes out: a prompt-only step without
+    chunked prefill, or a budget too small for them all)."""
+
+    def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
+        self.steps = self.mixed_steps = 0
+        self.prefill_tokens = self.decode_tokens = 0
+        self.stall_s = 0.0  # wall time of steps that left ready decodes waiting
+        self.stall_seq_s = 0.0  # the same, weighted by how many decodes waited
+
+    def record(self, prefill_tokens: int, decode_tokens: int, seconds: float, decodes_waiting: int) -> None:
+        self.steps += 1
+        self.mixed_steps += prefill_tokens > 0 and decode_tokens > 0
+        self.prefill_tokens += prefill_tokens
+        self.decode_tokens += decode_tokens
+        if decodes_waiting:
+            self.stall_s += seconds
+            self.stall_seq_s += seconds * decodes_waiting
+
+    def metrics(self) -> dict[str, float]:
+        n = max(1, self.steps)
+        return {"perf/steps": float(self.steps), "perf/steps_mixed": float(self.mixed_steps),
+                "perf/step_prefill_tokens_mean": self.prefill_tokens / n,
+                "perf/step_decode_tokens_mean": self.decode_tokens / n,
+                "perf/decode_stall_s": self.stall_s, "perf/decode_stall_seq_s": self.stall_seq_s}

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from engine.config import DEVICES, DTYPES, ENGINES, EngineConfig
-from engine.opts import OPTS
+from engine.opts import OPTS, enabled_opts
 
 
 def validate_engine(cfg: EngineConfig, device_type: str) -> None:
@@ -35,7 +35,7 @@ def validate_engine(cfg: EngineConfig, device_type: str) -> None:
         if spec.cuda_only and device_type != "cuda":
             raise ValueError(f"opt {spec.name} runs on CUDA only, but the engine runs on {device_type}: "
                              f"drop +opt={spec.name} or run on a GPU (engine.device=cuda)")
-    if cfg.flash_attn and device_type == "cuda" and cfg.dtype == "float32":
+    if "flash_attn" in enabled_opts(cfg) and device_type == "cuda" and cfg.dtype == "float32":
         raise ValueError("opt flash_attn on CUDA needs engine.dtype bfloat16 or float16 (the flash kernel has "
                          "no float32): set engine.dtype=bfloat16 or auto")
 

@@ -73,6 +73,17 @@ def test_cuda_maps_attention_backend_and_cuda_graphs_both_ways(on):
     assert L.opts_effective["flash_attn"]["on"] is on and L.opts_effective["cuda_graphs"]["on"] is on
 
 
+@pytest.mark.parametrize("on", [False, True])
+def test_chunked_prefill_maps_both_ways_and_vllm_fuses_always_on_cuda(on):
+    L = launch("cuda", paged_kv=True, dynamic_batching=True, chunked_prefill=on, block_size=16)
+    assert ("--enable-chunked-prefill" in L.args) == on and ("--no-enable-chunked-prefill" in L.args) != on
+    eff = L.opts_effective
+    assert eff["chunked_prefill"]["state"] == MAPPED and eff["chunked_prefill"]["on"] is on
+    assert eff["fused_kernels"]["state"] == ALWAYS_ON and eff["fused_kernels"]["on"] is True
+    with pytest.raises(ValueError, match=r"no mapping for opt\(s\) \['skinny_gemm'\]"):
+        launch("cuda", fused_kernels=True, skinny_gemm=True, block_size=16)
+
+
 def test_kv_budget_exact_bytes_fractions_and_user_overrides():
     L = launch(kv_cache_gb=0.5)  # not whole GiB: the CPU variable cannot say it, and must not override it
     assert flag(L.args, "--kv-cache-memory-bytes") == str(1 << 29) and L.env["VLLM_CPU_KVCACHE_SPACE"] == ""
@@ -88,7 +99,7 @@ def test_settings_vllm_cannot_run_are_refused_before_start():
     with pytest.raises(ValueError, match="cuda_graphs.*CUDA"):
         launch(cuda_graphs=True)
     with pytest.raises(ValueError, match=r"engine=vllm has no mapping for opt\(s\) \['speculative'\]; it supports "
-                                         r"\['batched_decode', 'cuda_graphs'"):
+                                         r"\['batched_decode', 'chunked_prefill', 'cuda_graphs'"):
         refuse_unmapped("vllm", ["paged_kv", "speculative"], SUPPORTED)
 
 

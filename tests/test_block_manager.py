@@ -1,7 +1,8 @@
 """The KV block manager as plain bookkeeping: no model, no torch, milliseconds.
 
-Sequences are built by hand; a decode step is simulated by appending a token and calling may_append,
-which is what the scheduler does before the step writes the KV of the last token.
+Sequences are built by hand; a prefill is simulated by allocating and then registering the blocks the
+step writes (what the scheduler does when it schedules the step), a decode step by appending a token and
+calling may_append and register_full_blocks likewise.
 """
 from __future__ import annotations
 
@@ -17,11 +18,26 @@ def seq(tokens: list[int], max_tokens: int = 16) -> Sequence:
     return Sequence(f"r{tokens[:3]}", tokens, SamplingParams(max_tokens=max_tokens))
 
 
+def computed(bm: BlockManager, s: Sequence, upto: int | None = None) -> None:
+    """A step that writes the KV of s's tokens up to `upto` (default: all of them) is scheduled and runs."""
+    upto = len(s) if upto is None else upto
+    bm.register_full_blocks(s, upto)
+    s.num_computed_tokens = upto
+
+
+def prefill(bm: BlockManager, s: Sequence) -> None:
+    bm.allocate(s)
+    s.num_computed_tokens = s.num_cached_tokens
+    computed(bm, s)
+
+
 def grow(bm: BlockManager, s: Sequence, token: int = 7) -> None:
-    """One decode step of bookkeeping: the new token joins the sequence and needs a KV slot."""
+    """One decode step of bookkeeping: the new token joins the sequence, needs a KV slot, and the step
+    writes its KV."""
     s.append_token(token)
     assert bm.can_append(s)
     bm.may_append(s)
+    computed(bm, s)
 
 
 def ref_counts(bm: BlockManager, s: Sequence) -> list[int]:
@@ -137,7 +153,7 @@ def test_shared_prefix_shares_blocks_by_reference_count() -> None:
     bm = BlockManager(num_blocks=16, block_size=BS, enable_prefix_cache=True)
     prefix = list(range(8))
     a, b = seq(prefix + [20, 21]), seq(prefix + [30, 31])
-    bm.allocate(a)
+    prefill(bm, a)
     bm.allocate(b)
     assert b.block_table[:2] == a.block_table[:2]
     assert b.block_table[2] != a.block_table[2]
@@ -153,7 +169,7 @@ def test_the_block_holding_the_last_prompt_token_is_never_a_hit() -> None:
     bm = BlockManager(num_blocks=16, block_size=BS, enable_prefix_cache=True)
     prompt = list(range(8))  # exactly two full blocks
     a, b = seq(prompt), seq(list(prompt))
-    bm.allocate(a)
+    prefill(bm, a)
     bm.allocate(b)
     assert b.block_table[0] == a.block_table[0]
     assert b.block_table[1] != a.block_table[1]
@@ -164,7 +180,7 @@ def test_freeing_one_sharer_keeps_the_others_blocks() -> None:
     bm = BlockManager(num_blocks=8, block_size=BS, enable_prefix_cache=True)
     prefix = list(range(8))
     a, b = seq(prefix + [1]), seq(prefix + [2])
-    bm.allocate(a)
+    prefill(bm, a)
     bm.allocate(b)
     shared = b.block_table[:2]
     bm.deallocate(a)
@@ -185,7 +201,7 @@ def test_same_block_after_a_different_prefix_does_not_hit() -> None:
     bm = BlockManager(num_blocks=16, block_size=BS, enable_prefix_cache=True)
     tail = [40, 41, 42, 43]
     a, b = seq([1, 2, 3, 4] + tail + [9]), seq([5, 6, 7, 8] + tail + [9])
-    bm.allocate(a)
+    prefill(bm, a)
     bm.allocate(b)
     assert not set(a.block_table) & set(b.block_table)
     assert bm.prefix_hits == 0 and b.num_cached_tokens == 0
@@ -196,7 +212,7 @@ def test_freed_blocks_stay_cached_until_the_pool_reuses_them() -> None:
     bm = BlockManager(num_blocks=3, block_size=BS, enable_prefix_cache=True)
     prompt = list(range(8)) + [99]
     a = seq(prompt)
-    bm.allocate(a)
+    prefill(bm, a)
     cached = a.block_table[:2]
     bm.deallocate(a)
     assert bm.all_free()
@@ -220,8 +236,8 @@ def test_freed_blocks_stay_cached_until_the_pool_reuses_them() -> None:
 def test_a_block_filled_during_decode_becomes_shareable() -> None:
     bm = BlockManager(num_blocks=8, block_size=BS, enable_prefix_cache=True)
     a = seq([1, 2, 3])
-    bm.allocate(a)
-    grow(bm, a, token=4)  # the first block is now full: registered under its hash
+    prefill(bm, a)
+    grow(bm, a, token=4)  # the first block is now full of computed KV: registered under its hash
     b = seq([1, 2, 3, 4, 5])
     bm.allocate(b)
     assert b.block_table[0] == a.block_table[0] and b.num_cached_tokens == 4
@@ -241,6 +257,27 @@ def test_a_hash_collision_never_shares_kv(monkeypatch) -> None:
     monkeypatch.setattr("engine.block_manager.chain_hash", lambda tokens, prefix=-1: 42)
     bm = BlockManager(num_blocks=8, block_size=BS, enable_prefix_cache=True)
     a, b = seq([1, 2, 3, 4, 5]), seq([6, 7, 8, 9, 10])
-    bm.allocate(a)
+    prefill(bm, a)
     bm.allocate(b)
     assert b.block_table[0] != a.block_table[0] and b.num_cached_tokens == 0
+
+
+def test_a_block_is_shared_only_once_a_step_writes_its_kv() -> None:
+    # chunked prefill computes a prompt over several steps: a later request must not reuse blocks whose
+    # KV no step has written yet, and may reuse each one from the step that writes it
+    bm = BlockManager(num_blocks=16, block_size=BS, enable_prefix_cache=True)
+    prompt = list(range(12)) + [99]
+    a = seq(prompt)
+    bm.allocate(a)
+    b = seq(list(prompt))
+    bm.allocate(b)
+    assert b.num_cached_tokens == 0 and not set(a.block_table) & set(b.block_table)
+    computed(bm, a, upto=6)  # the first chunk: one full block written, the second half
+    c = seq(list(prompt))
+    bm.allocate(c)
+    assert c.num_cached_tokens == 4 and c.block_table[0] == a.block_table[0]
+    assert c.block_table[1] != a.block_table[1]
+    computed(bm, a, upto=len(a))  # the rest: blocks 1 and 2 written
+    d = seq(list(prompt))
+    bm.allocate(d)
+    assert d.num_cached_tokens == 12 and d.block_table[:3] == a.block_table[:3]

@@ -114,7 +114,7 @@ def test_the_switch_was_really_in_effect(runs: Runs, config: str) -> None:
     # token equality proves nothing if the switch silently did nothing: check each one's evidence
     base, eff = runs["baseline"].effective, runs[config].effective
     on = CONFIGS[config]
-    for opt in ("paged_kv", "dynamic_batching", "batched_decode", "flash_attn", "prefix_cache"):
+    for opt in ("paged_kv", "dynamic_batching", "batched_decode", "flash_attn", "prefix_cache", "chunked_prefill"):
         assert eff[opt]["on"] == on.get(opt, False), opt
     if on.get("paged_kv"):  # small blocks, and more of them taken as sequences grew
         assert eff["paged_kv"]["block_size"] == 16
@@ -163,6 +163,28 @@ def test_kv_exhaustion_preempts_and_still_completes_every_request() -> None:
     assert tight.all_free
 
 
+# --- chunked prefill: every prompt split across steps, decodes mixed in ---
+
+CHUNKED = dict(paged_kv=True, dynamic_batching=True, chunked_prefill=True, max_num_batched_tokens=16)
+
+
+@pytest.mark.parametrize("extra", [pytest.param({}, id="alone"),
+                                   pytest.param(dict(prefix_cache=True), id="prefix_cache"),
+                                   pytest.param(dict(kv_cache_gb=0.00016), id="preemption"),
+                                   pytest.param(ALL, id="all_on")])
+def test_chunked_prefill_with_every_prompt_split_reproduces_the_baseline(runs: Runs, extra: dict) -> None:
+    run = run_engine(runs.model_cfg, runs.prompts, runs.max_tokens, **{**extra, **CHUNKED})
+    assert run.token_ids == runs["baseline"].token_ids
+    eff = run.effective["chunked_prefill"]
+    assert min(map(len, runs.prompts)) > CHUNKED["max_num_batched_tokens"]
+    assert eff["on"] and eff["prompts_split"] >= len(runs.prompts) and eff["mixed_steps"] > 0
+    assert run.streamed == run.decoded and run.all_free
+    if "kv_cache_gb" in extra:
+        assert run.preemptions > 0
+    if extra.get("prefix_cache"):  # the chat template's system prompt, shared chunk by chunk
+        assert run.effective["prefix_cache"]["hits"] > 0
+
+
 # --- detokenization ---
 
 def test_a_generation_cut_mid_character_streams_what_decode_shows() -> None:
@@ -192,6 +214,10 @@ def test_a_generation_cut_mid_character_streams_what_decode_shows() -> None:
     (dict(dynamic_batching=True, max_num_seqs=16, max_num_batched_tokens=8), "engine.max_num_batched_tokens"),
     (dict(prefix_cache=True), "prefix_cache needs paged_kv"),
     (dict(cuda_graphs=True), "cuda_graphs runs on CUDA only"),
+    (dict(chunked_prefill=True), r"chunked_prefill needs paged_kv: use '\+opt=\[paged_kv,chunked_prefill\]'"),
+    (dict(paged_kv=True, chunked_prefill=True), "chunked_prefill needs dynamic_batching"),
+    (dict(fused_kernels=True), "fused_kernels runs on CUDA only"),
+    (dict(skinny_gemm=True), "skinny_gemm needs fused_kernels"),
 ])
 def test_bad_settings_are_refused_naming_the_field(kw: dict, field: str) -> None:
     with pytest.raises(ValueError, match=field):

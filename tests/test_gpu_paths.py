@@ -116,6 +116,81 @@ def test_split_heuristic_depends_on_shapes_only():
     assert num_splits(2, 8, 1 << 20, 132) == 17
 
 
+# --- the varlen kernel of mixed steps (chunked prefill) against float64 ---
+
+VARLEN_CASES = [  # heads, kv heads, head dim, block size, (query len, context len) per sequence
+    (6, 2, 32, 4, [(5, 5), (1, 9), (17, 30), (1, 1), (3, 40)]),  # fresh, decode rows, chunks after a cache
+    (8, 8, 64, 16, [(40, 100), (1, 100)]),  # no GQA, a chunk spanning tiles
+    (9, 3, 64, 16, [(33, 33), (2, 70)]),  # SmolLM2's group of 3, padded to 4
+]
+
+
+@needs_triton
+@pytest.mark.parametrize("case", VARLEN_CASES, ids=["mixed", "mha", "group3"])
+def test_paged_prefill_matches_float64(case):
+    triton_or_skip()
+    from engine.kernels.paged_prefill import block_q, paged_prefill_attention, tile_list
+    from engine.kernels.reference import paged_prefill_reference, rel_error
+
+    h, kvh, d, bs, rows = case
+    q_lens, ctx = [r[0] for r in rows], [r[1] for r in rows]
+    gen = torch.Generator().manual_seed(len(rows) * 1000 + d)
+    dtype = torch.bfloat16 if CUDA else torch.float32
+    for _ in range(2 if CUDA else 1):  # fresh inputs each check
+        per_seq = [-(-c // bs) for c in ctx]
+        num_blocks = sum(per_seq) + 2
+        kc = torch.randn(num_blocks, bs, kvh, d, generator=gen).to(dtype).to(DEVICE)
+        vc = torch.randn(num_blocks, bs, kvh, d, generator=gen).to(dtype).to(DEVICE)
+        perm = torch.randperm(num_blocks, generator=gen).tolist()  # tables that are no identity map
+        tables, used = torch.zeros(len(rows), max(per_seq), dtype=torch.int32), 0
+        for i, n in enumerate(per_seq):
+            tables[i, :n] = torch.tensor(perm[used:used + n])
+            used += n
+        q = torch.randn(sum(q_lens), h, d, generator=gen).to(dtype).to(DEVICE)
+        starts = torch.tensor([0, *torch.tensor(q_lens).cumsum(0).tolist()], dtype=torch.int32, device=DEVICE)
+        tiles = torch.tensor(tile_list(q_lens, block_q(h, kvh)), dtype=torch.int32, device=DEVICE)
+        out = torch.full_like(q, float("nan"))  # poisoned: every element must be written
+        paged_prefill_attention(q, kc, vc, tables.to(DEVICE), starts, torch.tensor(ctx, device=DEVICE), tiles,
+                                out=out)
+        ref = paged_prefill_reference(q, kc, vc, tables.to(DEVICE), q_lens, ctx)
+        assert rel_error(out, ref) <= (1e-2 if CUDA else 1e-5)
+
+
+def test_tile_list_covers_every_query_once():
+    from engine.kernels.paged_prefill import tile_list
+
+    seq, first = tile_list([5, 1, 33, 0, 16], 16)
+    assert list(zip(seq, first)) == [(0, 0), (1, 0), (2, 0), (2, 16), (2, 32), (4, 0)]
+
+
+@needs_triton
+@pytest.mark.skipif(CUDA, reason="the CPU path through Triton's interpreter; on a GPU the replay runs the kernels")
+def test_chunked_prefill_through_the_triton_kernels_keeps_greedy_tokens():
+    """The whole engine path of a chunked step (slots, tiles, the varlen and decode kernels) on a tiny
+    model: every prompt split, decodes mixed in, the same tokens as naive attention without chunks."""
+    triton_or_skip()
+    from engine.attention import FusedAttention
+    from engine.llm_engine import LLMEngine
+    from engine.sequence import SamplingParams
+    from tests.test_engine_equivalence import BASE, model_config
+
+    prompts = [[(7 * i + j) % 500 + 3 for j in range(20 + 9 * i)] for i in range(3)]
+    params = SamplingParams(max_tokens=6, ignore_eos=True)
+    base = LLMEngine(model_config("tiny"), EngineConfig(**BASE))
+    want = [s.output_token_ids for s in base.generate(prompts, params)]
+    engine = LLMEngine(model_config("tiny"), EngineConfig(**{**BASE, "paged_kv": True, "dynamic_batching": True,
+                                                             "chunked_prefill": True, "flash_attn": True,
+                                                             "max_num_batched_tokens": 16}))
+    shape = engine.model.shape
+    engine.model.attn = FusedAttention(engine.device, shape.num_attention_heads, shape.num_key_value_heads,
+                                       triton=True)
+    got = [s.output_token_ids for s in engine.generate(prompts, params)]
+    assert got == want
+    eff = engine.opts_effective()
+    assert eff["chunked_prefill"]["prompts_split"] == 3 and eff["chunked_prefill"]["mixed_steps"] > 0
+    assert eff["flash_attn"]["varlen_kernel_steps"] > 0
+
+
 # --- the fused element-wise kernels against the eager modules ---
 
 @needs_triton
@@ -205,29 +280,40 @@ class KernelDecode:
 
 
 def run_decode(model, prompts, steps, paged: bool, flash: bool, graphs: bool = False, max_batch: int = 8,
-               decode_kernel: bool = False):
+               decode_kernel: bool = False, kernels=None, attn=None):
     """Greedy decode through ModelRunner with a hand-made block table; returns the token ids.
     decode_kernel: decode attention through the Triton kernel on any device (on CUDA, flash_attn with
     paged_kv picks it on its own)."""
+    from engine.attention import make_backend
+    from engine.block_manager import KVLayout
+    from engine.model import DecodeKernels
     from engine.model_runner import ModelRunner
+    from engine.scheduler import Batch
     from engine.sequence import SamplingParams, Sequence
 
     max_len, block_size = 64, (8 if paged else 64)
-    cfg = EngineConfig(flash_attn=flash, paged_kv=paged, cuda_graphs=graphs, max_model_len=max_len,
-                       batch_size=max_batch, max_num_seqs=max_batch)
     per_seq = max_len // block_size
-    runner = ModelRunner(model, DEVICE, model.embed_tokens.weight.dtype, len(prompts) * per_seq, block_size, cfg)
+    s = model.shape
+    runner = ModelRunner(model, DEVICE, model.embed_tokens.weight.dtype,
+                         KVLayout(block_size, len(prompts) * per_seq),
+                         make_backend(flash, DEVICE, s.num_attention_heads, s.num_key_value_heads),
+                         kernels or DecodeKernels(), graph_max_batch=max_batch if graphs else None,
+                         max_model_len=max_len)
     if decode_kernel:
         model.attn = KernelDecode()
+    if attn is not None:
+        model.attn = attn
     seqs = [Sequence(f"r{i}", p, SamplingParams(max_tokens=steps)) for i, p in enumerate(prompts)]
-    for i, s in enumerate(seqs):  # reversed block order: tables that are no identity map
-        s.block_table = [(len(prompts) - 1 - i) * per_seq + j for j in range(per_seq)]
-    out = runner.sample(runner.forward(seqs, is_prefill=True), seqs).tolist()
-    for _ in range(steps):
-        for s, t in zip(seqs, out):
-            s.append_token(t)
-        out = runner.sample(runner.forward(seqs, is_prefill=False), seqs).tolist()
-    return [s.output_token_ids for s in seqs], runner
+    for i, seq in enumerate(seqs):  # reversed block order: tables that are no identity map
+        seq.block_table = [(len(prompts) - 1 - i) * per_seq + j for j in range(per_seq)]
+    batch = Batch(seqs, [len(seq) for seq in seqs])
+    for _ in range(steps + 1):
+        out = runner.sample(runner.forward(batch), seqs).tolist()
+        for seq, t in zip(seqs, out):
+            seq.num_computed_tokens = len(seq)
+            seq.append_token(t)
+        batch = Batch(seqs, [1] * len(seqs))
+    return [seq.output_token_ids for seq in seqs], runner
 
 
 PROMPTS = [[1, 5, 9, 200, 33], [7, 7, 7], [3, 100, 4, 99, 5, 98, 6, 97, 8, 96, 10]]
@@ -244,6 +330,8 @@ def test_fused_decode_step_matches_eager_logits():
     _, runner = run_decode(model, PROMPTS, 2, paged=True, flash=False)
     seqs = [Sequence("a", PROMPTS[0] + [1, 2], SamplingParams()), Sequence("b", PROMPTS[2] + [3], SamplingParams())]
     seqs[0].block_table, seqs[1].block_table = [16, 17, 18, 19, 20, 21, 22, 23], [0, 1, 2, 3, 4, 5, 6, 7]
+    for seq in seqs:
+        seq.num_computed_tokens = len(seq) - 1
     ids, pos, meta, idx = runner.prepare_decode(seqs)
     eager = model(ids, pos, meta, idx)
     meta2 = AttnMeta(False, meta.slot_mapping, meta.block_tables, meta.context_lens, 10**9)

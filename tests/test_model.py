@@ -17,6 +17,7 @@ from engine.config import EngineConfig, ModelConfig
 from engine.llm_engine import LLMEngine
 from engine.loader import converted_dir, model_shape
 from engine.model import LlamaShape
+from engine.scheduler import Batch
 from engine.sequence import SamplingParams, Sequence
 from engine.tokenizer import chat_token_ids
 
@@ -56,17 +57,21 @@ def our_logits(engine: LLMEngine, sequences: list[list[int]], num_prompt: list[i
             for i, (t, n) in enumerate(zip(sequences, num_prompt))]
     for s in seqs:
         bm.allocate(s)
-    ids, pos, meta, _ = engine.runner.prepare_prefill(seqs)
+    ids, pos, meta, _ = engine.runner.prepare_varlen(Batch(seqs, list(num_prompt)))
     flat = engine.model(ids, pos, meta, torch.arange(len(ids)))
     out = [list(flat.split(num_prompt))]
     # the engine's own prefill samples from the last prompt position of each sequence
     last = torch.tensor(num_prompt).cumsum(0) - 1
-    close(engine.runner.forward(seqs, is_prefill=True), flat[last])
+    close(engine.runner.forward(Batch(seqs, list(num_prompt))), flat[last])
+    for s in seqs:
+        s.num_computed_tokens = len(s)
     for step in range(len(sequences[0]) - num_prompt[0]):
         for s, t, n in zip(seqs, sequences, num_prompt):
             s.append_token(t[n + step])
             bm.may_append(s)
-        out.append(list(engine.runner.forward(seqs, is_prefill=False).split(1)))
+        out.append(list(engine.runner.forward(Batch(seqs, [1] * len(seqs))).split(1)))
+        for s in seqs:
+            s.num_computed_tokens = len(s)
     for s in seqs:
         bm.deallocate(s)
     return [torch.cat(per_seq) for per_seq in zip(*out)]

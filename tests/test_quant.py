@@ -236,6 +236,36 @@ def test_paged_decode_kernel_reads_the_fp8_cache():
         assert rel_error(out, ref) < (1e-2 if CUDA else 1e-5)
 
 
+def test_varlen_kernel_reads_the_fp8_cache():
+    """Mixed steps (chunks after a cache, decode rows) over an fp8 cache, against float64 over its values."""
+    pytest.importorskip("triton")
+    from engine.kernels.paged_prefill import block_q, paged_prefill_attention, tile_list
+    from engine.kernels.reference import paged_prefill_reference, rel_error
+    from engine.kv_quant import QuantKV
+
+    device = torch.device("cuda" if CUDA else "cpu")
+    dtype = torch.bfloat16 if CUDA else torch.float32
+    gen = torch.Generator().manual_seed(5)
+    h, kvh, d, bs, q_lens, ctx = 6, 2, 32, 4, [5, 1, 17, 3], [5, 9, 30, 40]
+    nb = sum(-(-c // bs) for c in ctx) + 2
+    k, v = QuantKV.zeros(nb, bs, kvh, d, dtype, device), QuantKV.zeros(nb, bs, kvh, d, dtype, device)
+    k.store(torch.randn(nb * bs, kvh, d, generator=gen).to(device), torch.arange(nb * bs, device=device))
+    v.store(torch.randn(nb * bs, kvh, d, generator=gen).to(device), torch.arange(nb * bs, device=device))
+    perm, tables = torch.randperm(nb, generator=gen).tolist(), torch.zeros(4, 10, dtype=torch.int32)
+    for i, c in enumerate(ctx):  # each sequence its own blocks, in no particular order
+        n = -(-c // bs)
+        tables[i, :n] = torch.tensor(perm[:n])
+        perm = perm[n:]
+    tables = tables.to(device)
+    q = torch.randn(sum(q_lens), h, d, generator=gen).to(device, dtype)
+    starts = torch.tensor([0, *torch.tensor(q_lens).cumsum(0).tolist()], dtype=torch.int32, device=device)
+    tiles = torch.tensor(tile_list(q_lens, block_q(h, kvh)), dtype=torch.int32, device=device)
+    out = paged_prefill_attention(q, k, v, tables, starts, torch.tensor(ctx, device=device), tiles,
+                                  out=torch.full_like(q, float("nan")))
+    ref = paged_prefill_reference(q, k.dequantize(k.data, k.scale), v.dequantize(v.data, v.scale), tables, q_lens, ctx)
+    assert rel_error(out, ref) <= (1e-2 if CUDA else 1e-5)
+
+
 def test_kv_fp8_engine_halves_the_bytes_and_scoring_sees_the_quantized_cache():
     from engine.kv_quant import QuantKV
 

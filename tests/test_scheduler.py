@@ -1,4 +1,5 @@
-"""Static and continuous batching, admission under a KV budget, preemption and starvation, without a model.
+"""Static, continuous and chunked batching, admission under a KV budget, preemption and starvation,
+without a model.
 
 A step is simulated the way the engine runs it: schedule(now) -> (no forward pass) -> postprocess with
 fake token ids. Fake tokens are distinct per position so a recomputed sequence is visibly the same one.
@@ -6,15 +7,19 @@ fake token ids. Fake tokens are distinct per position so a recomputed sequence i
 from __future__ import annotations
 
 from engine.block_manager import BlockManager
-from engine.scheduler import Scheduler, SchedulerConfig
+from engine.config import EngineConfig
+from engine.scheduler import Scheduler
 from engine.sequence import SamplingParams, Sequence, SeqStatus
 
 MAX_LEN = 64
 
 
+def config(dynamic: bool, **kw) -> EngineConfig:
+    return EngineConfig(dynamic_batching=dynamic, max_model_len=MAX_LEN, **kw)
+
+
 def make(dynamic: bool, num_blocks: int, block_size: int = 4, **kw) -> Scheduler:
-    cfg = SchedulerConfig(dynamic_batching=dynamic, max_model_len=MAX_LEN, **kw)
-    return Scheduler(cfg, BlockManager(num_blocks, block_size))
+    return Scheduler(config(dynamic, **kw), BlockManager(num_blocks, block_size))
 
 
 def add(sched: Scheduler, n: int, prompt_len: int = 4, max_tokens: int = 4, t: float = 0.0) -> list[Sequence]:
@@ -30,7 +35,7 @@ def add(sched: Scheduler, n: int, prompt_len: int = 4, max_tokens: int = 4, t: f
 def step(sched: Scheduler, now: float = 1e9):
     batch = sched.schedule(now)
     if batch is not None:
-        sched.postprocess(batch.seqs, [1000 + len(s) for s in batch.seqs])
+        sched.postprocess(batch, [1000 + len(s) for s in batch.sampled_seqs])
     return batch
 
 
@@ -46,7 +51,7 @@ def run_all(sched: Scheduler, max_steps: int = 10_000) -> int:
 # --- static batching (dynamic_batching off) ---
 
 def test_static_waits_for_a_full_batch_or_the_timeout() -> None:
-    sched = make(False, num_blocks=64, batch_size=4, batch_timeout_s=0.05)
+    sched = make(False, num_blocks=64, batch_size=4, batch_timeout_ms=50)
     add(sched, 3, t=1.0)
     assert sched.schedule(now=1.01) is None
     assert sched.next_deadline() == 1.05
@@ -55,7 +60,7 @@ def test_static_waits_for_a_full_batch_or_the_timeout() -> None:
 
 
 def test_static_releases_a_full_batch_at_once_and_no_larger() -> None:
-    sched = make(False, num_blocks=64, batch_size=4, batch_timeout_s=10.0)
+    sched = make(False, num_blocks=64, batch_size=4, batch_timeout_ms=10000)
     seqs = add(sched, 6, t=1.0)
     batch = sched.schedule(now=1.0)
     assert batch is not None and batch.seqs == seqs[:4]
@@ -63,7 +68,7 @@ def test_static_releases_a_full_batch_at_once_and_no_larger() -> None:
 
 
 def test_static_runs_a_batch_to_completion_before_admitting_more() -> None:
-    sched = make(False, num_blocks=64, batch_size=2, batch_timeout_s=0.0)
+    sched = make(False, num_blocks=64, batch_size=2, batch_timeout_ms=0)
     first = add(sched, 2, max_tokens=5)
     step(sched)
     late = add(sched, 2, max_tokens=5)
@@ -78,7 +83,7 @@ def test_static_runs_a_batch_to_completion_before_admitting_more() -> None:
 
 def test_static_batch_is_capped_by_the_kv_budget() -> None:
     # contiguous: one block of max_model_len per sequence, 3 blocks -> 3 sequences, whatever batch_size says
-    sched = Scheduler(SchedulerConfig(dynamic_batching=False, batch_size=8, max_model_len=MAX_LEN),
+    sched = Scheduler(config(False, batch_size=8),
                       BlockManager(3, MAX_LEN))
     add(sched, 8)
     assert len(sched.schedule(now=1e9).seqs) == 3
@@ -142,7 +147,7 @@ def test_paged_admits_more_sequences_than_contiguous_under_the_same_budget() -> 
     budget_tokens, prompt_len = 4 * MAX_LEN, 12
     admitted = {}
     for name, bs in (("contiguous", MAX_LEN), ("paged", 4)):
-        sched = Scheduler(SchedulerConfig(dynamic_batching=True, max_num_seqs=64, max_model_len=MAX_LEN),
+        sched = Scheduler(config(True, max_num_seqs=64),
                           BlockManager(budget_tokens // bs, bs))
         add(sched, 40, prompt_len=prompt_len)
         admitted[name] = len(sched.schedule(now=0.0).seqs)
@@ -180,7 +185,7 @@ def test_a_preempted_sequence_resumes_and_finishes_with_all_its_tokens() -> None
 
 
 def test_static_batching_preempts_too_when_paged_blocks_run_out() -> None:
-    sched = make(False, num_blocks=4, batch_size=4, batch_timeout_s=0.0)
+    sched = make(False, num_blocks=4, batch_size=4, batch_timeout_ms=0)
     seqs = add(sched, 4, prompt_len=4, max_tokens=6)
     run_all(sched)
     assert sched.num_preemptions > 0
@@ -193,7 +198,7 @@ def test_static_batching_preempts_too_when_paged_blocks_run_out() -> None:
 def test_every_request_of_an_overloaded_queue_finishes() -> None:
     for dynamic in (True, False):
         sched = make(dynamic, num_blocks=12, max_num_seqs=8, max_num_batched_tokens=64, batch_size=8,
-                     batch_timeout_s=0.0)
+                     batch_timeout_ms=0)
         seqs = [s for i in range(30) for s in add(sched, 1, prompt_len=3 + i % 9, max_tokens=2 + (7 * i) % 13)]
         run_all(sched)
         assert all(s.is_finished and s.num_output_tokens == s.params.max_tokens for s in seqs), dynamic
@@ -209,4 +214,70 @@ def test_requests_arriving_while_others_run_are_not_starved() -> None:
         step(sched)
     run_all(sched)
     assert all(s.is_finished for s in seqs)
+    assert sched.bm.all_free()
+
+
+# --- chunked prefill (chunked_prefill on, with dynamic_batching) ---
+
+def chunked(num_blocks: int, budget: int, block_size: int = 4, **kw) -> Scheduler:
+    return Scheduler(config(True, chunked_prefill=True, max_num_batched_tokens=budget, **kw),
+                     BlockManager(num_blocks, block_size))
+
+
+def test_chunked_splits_a_long_prompt_across_steps_and_samples_only_at_its_end() -> None:
+    sched = chunked(num_blocks=64, budget=8, max_num_seqs=4)
+    (s,) = add(sched, 1, prompt_len=20, max_tokens=2)
+    sizes = []
+    while not s.output_token_ids:
+        batch = step(sched)
+        sizes.append(batch.num_new_tokens)
+        assert batch.samples == [s.num_output_tokens > 0]
+    assert sizes == [[8], [8], [4]]
+    assert s.num_computed_tokens == 20 and sched.prompts_split == 1
+    assert step(sched).num_new_tokens == [1]  # then a decode step
+
+
+def test_chunked_runs_every_decode_first_then_fills_the_budget_with_prompt_chunks() -> None:
+    sched = chunked(num_blocks=64, budget=10, max_num_seqs=8)
+    early = add(sched, 3, prompt_len=3, max_tokens=8)
+    step(sched)  # the three prompts, whole: 9 tokens
+    late = add(sched, 1, prompt_len=20, max_tokens=4)
+    for expect in ([1, 1, 1, 7], [1, 1, 1, 7], [1, 1, 1, 6], [1, 1, 1, 1]):
+        batch = step(sched)
+        assert batch.seqs == early + late and batch.num_new_tokens == expect
+        assert batch.num_tokens <= 10 and sched.decodes_waiting == 0
+    assert late[0].num_output_tokens == 2
+
+
+def test_without_chunks_a_prompt_step_leaves_the_running_decodes_waiting() -> None:
+    sched = make(True, num_blocks=64, max_num_seqs=8)
+    add(sched, 3, prompt_len=3, max_tokens=8)
+    step(sched)
+    add(sched, 1, prompt_len=20, max_tokens=4)
+    batch = step(sched)
+    assert batch.is_prefill and len(batch.seqs) == 1 and sched.decodes_waiting == 3
+
+
+def test_chunked_admits_nothing_new_in_a_step_that_had_to_preempt() -> None:
+    sched = chunked(num_blocks=4, budget=64, max_num_seqs=8)
+    first = add(sched, 2, prompt_len=4, max_tokens=8)  # one block each, a second from their first decode
+    step(sched)
+    newcomer = add(sched, 1, prompt_len=4, max_tokens=8)
+    batch = step(sched)
+    assert batch.seqs == first and newcomer[0].status is SeqStatus.WAITING  # the pool is empty now
+    while sched.num_preemptions == 0:  # until the decodes need a third block each
+        batch = step(sched)
+    # the second sequence was preempted to give the first its block; a block is free again, but a step
+    # that had to preempt admits nothing (the newcomer would only be preempted in turn)
+    assert batch.seqs == first[:1] and first[1].status is SeqStatus.WAITING
+    assert newcomer[0].status is SeqStatus.WAITING and sched.bm.num_free_blocks == 1
+    assert list(sched.waiting)[:2] == [first[1], newcomer[0]]  # the preempted one goes first
+
+
+def test_chunked_finishes_an_overloaded_queue_with_preemption_and_exact_lengths() -> None:
+    sched = chunked(num_blocks=8, budget=6, max_num_seqs=8)
+    seqs = add(sched, 10, prompt_len=9, max_tokens=12)  # 9 tokens: 3 blocks; 21 at the end: 6 of the 8
+    run_all(sched)
+    assert sched.num_preemptions > 0 and sched.prompts_split > 0
+    assert all(s.is_finished and s.num_output_tokens == 12 for s in seqs)
     assert sched.bm.all_free()

@@ -125,7 +125,8 @@ def test_unmeasured_or_too_few_prompts_never_pass():
 def test_vllm_prompt_logprobs_are_parsed_by_token_id():
     ids = [5, 9, 11, 9]
     entries = [None, {"9": {"logprob": -0.1, "rank": 1}, "4": {"logprob": -2.5, "rank": 2}},
-               {"11": {"logprob": -3.0, "rank": 3}, "2": {"logprob": -0.5, "rank": 1}, "9": {"logprob": -1.0, "rank": 2}},
+               {"11": {"logprob": -3.0, "rank": 3}, "2": {"logprob": -0.5, "rank": 1},
+                "9": {"logprob": -1.0, "rank": 2}},
                {"9": {"logprob": -0.2, "rank": 1}}]
     out = _parse(entries, ids, 2, k=2)
     assert out.target.tolist() == [-3.0, -0.2]

@@ -51,7 +51,9 @@ def num_splits(batch: int, kv_heads: int, max_len: int, num_sms: int) -> int:
     return max(1, min(want, triton.cdiv(max_len, MIN_TOKENS_PER_SPLIT), MAX_SPLITS))
 
 
-@triton.jit
+# the split count and the block table's width change with the batch in eager decode steps: no
+# specialization on them, so no compile in the middle of a replay (graph replay fixes both anyway)
+@triton.jit(do_not_specialize=["num_splits", "stride_bt"])
 def _split_kernel(Q, K, V, BT, CTX, O, M, L, KS, VS,
                   sm_scale, num_splits,
                   stride_qb, stride_qh, stride_kn, stride_ks, stride_kh, stride_bt,
@@ -128,7 +130,7 @@ def _split_kernel(Q, K, V, BT, CTX, O, M, L, KS, VS,
         tl.store(L + ml_off, l_i, mask=g_ok)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_splits"])
 def _reduce_kernel(O_PART, M, L, OUT, num_splits,
                    stride_pb, stride_ph, stride_ps, stride_ob, stride_oh,
                    S_PAD: tl.constexpr, D: tl.constexpr, D_PAD: tl.constexpr):

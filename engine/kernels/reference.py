@@ -38,3 +38,19 @@ def rel_error(out: torch.Tensor, ref: torch.Tensor) -> float:
     if not torch.isfinite(out).all():
         return float("inf")
     return ((out.double() - ref).norm() / ref.norm()).item()
+
+
+def paged_prefill_reference(q, k_cache, v_cache, block_tables, query_lens: list[int],
+                            context_lens: list[int]) -> torch.Tensor:
+    """The varlen kernel's contract in float64: sequence b's q_len queries are the last positions of its
+    context and attend causally to it, read from the cache through its block table."""
+    block_size = k_cache.shape[1]
+    out = torch.zeros(q.shape, dtype=torch.float64, device=q.device)
+    start = 0
+    for b, (n, ctx) in enumerate(zip(query_lens, context_lens)):
+        pos = torch.arange(ctx, device=q.device)
+        blocks = block_tables[b, pos // block_size].long()
+        k, v = k_cache[blocks, pos % block_size], v_cache[blocks, pos % block_size]
+        out[start:start + n] = attention_reference(q[start:start + n], k, v, causal=True)
+        start += n
+    return out

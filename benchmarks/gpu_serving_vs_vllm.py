@@ -1,0 +1,470 @@
+"""The reference engine with every GPU switch on (chunked prefill included) against vLLM on one GPU, under
+real traffic: the Azure conversation trace replayed open loop, plus the batch-1 decode and burst measures.
+
+Protocol (the same for both engines, each in its own child process, one after the other):
+- model: Llama-3-8B's shape with a 49,152-token vocabulary, random bf16 weights (ours `source=random`,
+  vLLM `load_format="dummy"`), identical token ids (seeded per request), greedy, EOS ignored, the recorded
+  output lengths;
+- replay: the first 500 requests of traces/azure_conv_2023.csv, inputs clipped to 4,096 tokens, sent at
+  their own timestamps divided by a time scale (1, 4, 8); TTFT and E2E counted from the scheduled arrival;
+  TPOT = (E2E − TTFT) / (output tokens − 1); output tok/s = output tokens / makespan;
+- settings: KV budget 60 GiB, at most 256 sequences, 8,192 batched tokens a step, max_model_len 8,192,
+  prefix caching off in both; vLLM through its AsyncLLM (torch.compile, CUDA graphs, chunked prefill, FA3);
+- batch-1 decode: (time of a 256-token run − time of a 1-token run) / 255, median of 3; bursts: 64 × 1,000 →
+  128 and 8 × 512 → 256 submitted at once.
+Ours is also run without chunked_prefill at 4× (the ablation); every step's time and load are summarized,
+and a torch profiler table of 12 steps in the middle of the 4× replay says where the step time goes.
+
+    python3 benchmarks/gpu_serving_vs_vllm.py --requests FILE --out $OUT [--only ours|vllm] --tok-dir DIR
+    python3 benchmarks/gpu_serving_vs_vllm.py --make-requests CSV --requests FILE   (here: the trace rows)
+    python3 benchmarks/gpu_serving_vs_vllm.py --combine A.json B.json --out DIR   (the table from two calls)
+benchmarks/gpu_serving_vs_vllm.sh runs it on the H200 in two device calls.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import csv
+import json
+import os
+import random
+import statistics
+import subprocess
+import sys
+import time
+from collections import deque
+from datetime import datetime
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+SHAPE = dict(vocab_size=49152, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
+             num_attention_heads=32, num_key_value_heads=8, head_dim=128, rope_theta=500000.0,
+             max_position_embeddings=8192)
+SETTINGS = dict(kv_gib=60, max_num_seqs=256, max_num_batched_tokens=8192, max_model_len=8192)
+NUM_REQUESTS, INPUT_CLIP = 500, 4096
+SCALES = (1, 4, 8)
+B1_PROMPT, B1_TOKENS, B1_REPEATS = 256, 256, 3
+BURSTS = {"burst_64x1000_128": (64, 1000, 128), "burst_8x512_256": (8, 512, 256)}
+PROFILE_SCALE, PROFILE_AT = 4, 400  # the torch profiler's 12 steps: in the middle of the 4x replay
+OUR_OPTS = ("paged_kv", "flash_attn", "dynamic_batching", "batched_decode", "cuda_graphs", "fused_kernels",
+            "skinny_gemm", "chunked_prefill")
+TINY = bool(os.environ.get("GPU_SERVING_TINY"))  # a 2-layer shape on the CPU: checks this script's logic only
+if TINY:
+    SHAPE.update(hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
+                 num_key_value_heads=2, head_dim=32)
+    SETTINGS.update(kv_gib=0.05, max_num_seqs=16, max_num_batched_tokens=256, max_model_len=1024)
+    NUM_REQUESTS, INPUT_CLIP, SCALES = 12, 200, (50,)
+    PROFILE_SCALE, PROFILE_AT = 50, 3
+    B1_PROMPT, B1_TOKENS, B1_REPEATS = 16, 8, 1
+    BURSTS = {"burst_64x1000_128": (4, 64, 8)}
+
+
+# --- the workload: identical for both engines ---
+
+def make_requests(csv_path: Path, out: Path) -> None:
+    """The trace's first rows as (seconds since the first, input tokens clipped, output tokens)."""
+    rows = []
+    with open(csv_path, newline="") as f:
+        for row in csv.DictReader(f):
+            t = datetime.strptime(row["TIMESTAMP"][:26], "%Y-%m-%d %H:%M:%S.%f").timestamp()
+            rows.append((t, min(int(row["ContextTokens"]), INPUT_CLIP), int(row["GeneratedTokens"])))
+            if len(rows) == 500:
+                break
+    t0 = rows[0][0]
+    out.write_text(json.dumps([[round(t - t0, 6), i, o] for t, i, o in rows]))
+
+
+def load_requests(path: Path) -> list[tuple[str, float, list[int], int]]:
+    rows = json.loads(Path(path).read_text())[:NUM_REQUESTS]
+    out = []
+    for k, (t, n_in, n_out) in enumerate(rows):
+        rng = random.Random(k)
+        n_in = min(n_in, INPUT_CLIP)
+        out.append((f"r{k}", t, [rng.randrange(10, SHAPE["vocab_size"]) for _ in range(max(1, n_in))], n_out))
+    return out
+
+
+def prompts(seed: int, n: int, length: int) -> list[list[int]]:
+    rng = random.Random(seed)
+    return [[rng.randrange(10, SHAPE["vocab_size"]) for _ in range(length)] for _ in range(n)]
+
+
+def pct(xs: list[float], q: float) -> float | None:
+    if not xs:
+        return None
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(round(q * (len(xs) - 1))))]
+
+
+def summarize(recs: list[dict], t0: float) -> dict:
+    """recs: scheduled, first, finished (monotonic s), tokens. Times in ms."""
+    done = [r for r in recs if r.get("finished") is not None]
+    ttft = [(r["first"] - r["scheduled"]) * 1e3 for r in done]
+    e2e = [(r["finished"] - r["scheduled"]) * 1e3 for r in done]
+    tpot = [(r["finished"] - r["first"]) * 1e3 / (r["tokens"] - 1) for r in done if r["tokens"] > 1]
+    makespan = max(r["finished"] for r in done) - t0 if done else float("nan")
+    r2 = lambda x: None if x is None else round(x, 2)  # noqa: E731
+    return {"completed": len(done), "of": len(recs), "makespan_s": round(makespan, 2),
+            "out_tok_s": round(sum(r["tokens"] for r in done) / makespan, 1),
+            "ttft_ms_p50": r2(pct(ttft, .5)), "ttft_ms_p99": r2(pct(ttft, .99)),
+            "tpot_ms_p50": r2(pct(tpot, .5)), "tpot_ms_p99": r2(pct(tpot, .99)),
+            "e2e_ms_p50": r2(pct(e2e, .5)), "e2e_ms_p99": r2(pct(e2e, .99))}
+
+
+def b1_and_bursts(generate) -> dict:
+    """generate(prompt_lists, max_tokens) -> output token counts, returning when all are done."""
+    res: dict = {}
+    generate(prompts(99, 4, 512), 16)
+    t_full, t_one = [], []
+    for r in range(B1_REPEATS):
+        for n, acc in ((B1_TOKENS, t_full), (1, t_one)):
+            t = time.perf_counter()
+            got = generate(prompts(1000 * n + r, 1, B1_PROMPT), n)
+            acc.append(time.perf_counter() - t)
+            assert got == [n], f"asked for {n} tokens, got {got}"
+    full, one = statistics.median(t_full), statistics.median(t_one)
+    res["decode_b1"] = dict(ms_per_token=round((full - one) * 1e3 / (B1_TOKENS - 1), 3),
+                            ttft_ms=round(one * 1e3, 2), runs_full_s=[round(x, 4) for x in t_full])
+    for i, (name, (n, plen, out)) in enumerate(BURSTS.items()):
+        t = time.perf_counter()
+        got = generate(prompts(10 + i, n, plen), out)
+        el = time.perf_counter() - t
+        assert got == [out] * n, f"{name}: output lengths {sorted(set(got))}, asked for {out}"
+        res[name] = dict(elapsed_s=round(el, 3), output_tok_s=round(n * out / el, 1))
+    return res
+
+
+# --- ours ---
+
+def our_engine(chunked: bool):
+    import torch
+
+    sys.path.insert(0, str(ROOT))
+    from engine.config import EngineConfig, ModelConfig
+    from engine.llm_engine import LLMEngine
+
+    mcfg = ModelConfig(name="llama3_8b_shape_v49k", source="random", package=None, gguf_file=None,
+                       tokenizer="synthetic", tie_word_embeddings=False, **SHAPE)
+    cuda_only = ("cuda_graphs", "fused_kernels", "skinny_gemm")
+    opts = {o: o != "chunked_prefill" or chunked for o in OUR_OPTS if not (TINY and o in cuda_only)}
+    ecfg = EngineConfig(dtype="float32" if TINY else "bfloat16", device="cpu" if TINY else "cuda",
+                        max_model_len=SETTINGS["max_model_len"], kv_cache_gb=SETTINGS["kv_gib"],
+                        max_num_seqs=SETTINGS["max_num_seqs"], batch_size=SETTINGS["max_num_seqs"],
+                        max_num_batched_tokens=SETTINGS["max_num_batched_tokens"], **opts)
+    t = time.perf_counter()
+    engine = LLMEngine(mcfg, ecfg)
+    if not TINY:
+        torch.cuda.synchronize()
+    return engine, time.perf_counter() - t
+
+
+def replay_ours(engine, reqs, scale: float, profile_dir: Path | None = None, profile_at: int = PROFILE_AT,
+                profile_steps: int = 12) -> dict:
+    """The open-loop replay, stepping the engine on this thread; records every step's time and what it
+    carried, and (profile_dir) a torch profiler table of `profile_steps` steps from step `profile_at`."""
+    from engine.sequence import SamplingParams
+
+    engine.reset_stats()
+    t0 = time.monotonic() + 0.02
+    pending = deque(sorted(reqs, key=lambda r: r[1]))
+    recs = {rid: {"scheduled": t0 + t / scale, "first": None, "finished": None, "tokens": 0}
+            for rid, t, _, _ in reqs}
+    steps: list[tuple[float, int, int]] = []  # seconds, prompt tokens, decode tokens
+    prof = None
+    st = engine.step_stats
+    while pending or engine.has_unfinished():
+        now = time.monotonic()
+        while pending and recs[pending[0][0]]["scheduled"] <= now:
+            rid, _, ids, n_out = pending.popleft()
+            engine.add_request(rid, ids, SamplingParams(max_tokens=n_out, ignore_eos=True),
+                               arrival_time=recs[rid]["scheduled"])
+        if not engine.has_unfinished():
+            time.sleep(max(0.0, recs[pending[0][0]]["scheduled"] - time.monotonic()))
+            continue
+        if profile_dir is not None and len(steps) == profile_at:
+            prof = _start_profiler()
+        p0, d0, t = st.prefill_tokens, st.decode_tokens, time.perf_counter()
+        events = engine.step()
+        steps.append((time.perf_counter() - t, st.prefill_tokens - p0, st.decode_tokens - d0))
+        if prof is not None and len(steps) == profile_at + profile_steps:
+            _stop_profiler(prof, profile_dir / "profile_ours_replay.txt", steps[profile_at:])
+            prof = None
+        for ev in events:
+            rec = recs[ev.request_id]
+            rec["first"] = rec["first"] or ev.time
+            rec["tokens"] = ev.num_output_tokens
+            if ev.finished:
+                rec["finished"] = ev.time
+    out = summarize(list(recs.values()), t0)
+    sm = engine.stage_metrics()
+    out["engine"] = {k: round(v, 3) for k, v in sm.items() if k.startswith(("perf/", "stage/"))}
+    out["chunked_prefill"] = engine.opts_effective()["chunked_prefill"]
+    out["steps"] = step_summary(steps)
+    return out
+
+
+def step_summary(steps: list[tuple[float, int, int]]) -> dict:
+    """Step times (ms) by kind, and the slowest steps with what they carried."""
+    kinds = {"decode": [s for s in steps if not s[1]], "prompt_only": [s for s in steps if s[1] and not s[2]],
+             "mixed": [s for s in steps if s[1] and s[2]]}
+    out = {}
+    for name, xs in kinds.items():
+        ms = [x[0] * 1e3 for x in xs]
+        out[name] = {"n": len(xs), "ms_p50": pct(ms, .5), "ms_p99": pct(ms, .99), "ms_max": max(ms, default=None),
+                     "prompt_tokens_mean": statistics.fmean([x[1] for x in xs]) if xs else None,
+                     "decode_tokens_mean": statistics.fmean([x[2] for x in xs]) if xs else None}
+    out["slowest"] = [[round(s * 1e3, 1), p, d] for s, p, d in sorted(steps, reverse=True)[:15]]
+    return out
+
+
+def _start_profiler():
+    from torch.profiler import ProfilerActivity, profile
+
+    prof = profile(activities=[ProfilerActivity.CPU] + ([] if TINY else [ProfilerActivity.CUDA]))
+    prof.__enter__()
+    return prof
+
+
+def _stop_profiler(prof, path: Path, steps) -> None:
+    prof.__exit__(None, None, None)
+    key = "cpu_time_total" if TINY else "device_time_total"
+    head = "steps profiled (ms, prompt tokens, decode tokens): " + \
+        ", ".join(f"({s * 1e3:.1f}, {p}, {d})" for s, p, d in steps)
+    path.write_text(head + "\n" + prof.key_averages().table(sort_by=key, row_limit=30))
+
+
+def worker_ours(args) -> dict:
+    import torch
+
+    reqs = load_requests(args.requests)
+    res: dict = {"engine": "reference (optladder)", "torch": torch.__version__, "opts": list(OUR_OPTS)}
+    engine, init_s = our_engine(chunked=True)
+    res["init_s"] = round(init_s, 1)
+    sync = (lambda: None) if TINY else torch.cuda.synchronize
+
+    from engine.sequence import SamplingParams
+
+    def generate(ps, n):
+        seqs = engine.generate(ps, SamplingParams(max_tokens=n, ignore_eos=True))
+        sync()
+        return [s.num_output_tokens for s in seqs]
+
+    res.update(b1_and_bursts(generate))
+    save = lambda: args.json.write_text(json.dumps(res, indent=1, default=str))  # noqa: E731  (a timeout keeps what ran)
+    save()
+    res["replay"] = {}
+    for s in SCALES:
+        res["replay"][str(s)] = [replay_ours(engine, reqs, s, profile_dir=args.out if (s == PROFILE_SCALE and r == 0) else None)
+                                 for r in range(args.repeats if s > 1 else 1)]
+        save()
+    res["graphs"] = engine.opts_effective()["cuda_graphs"]
+    if not TINY:
+        res.update(gpu=torch.cuda.get_device_name(0), peak_mem_gib=round(torch.cuda.max_memory_allocated() / 2**30, 2))
+    del engine
+    import gc
+
+    gc.collect()
+    if not TINY:
+        torch.cuda.empty_cache()
+    save()
+    engine, _ = our_engine(chunked=False)  # the ablation: the same engine, each prefill a step of its own
+    res["replay_no_chunked"] = {str(s): [replay_ours(engine, reqs, s)] for s in SCALES if s == 4 or TINY}
+    return res
+
+
+# --- vLLM ---
+
+def worker_vllm(args) -> dict:
+    for k, v in dict(VLLM_NO_USAGE_STATS="1", DO_NOT_TRACK="1", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
+                     VLLM_USE_FLASHINFER_SAMPLER="0").items():
+        os.environ.setdefault(k, v)
+    import shutil
+
+    import vllm
+    from vllm import SamplingParams
+    from vllm.engine.arg_utils import AsyncEngineArgs
+    from vllm.inputs import TokensPrompt
+    from vllm.sampling_params import RequestOutputKind
+    from vllm.v1.engine.async_llm import AsyncLLM
+
+    model_dir = Path("/tmp/gpu_serving_model")
+    model_dir.mkdir(exist_ok=True)
+    cfg = dict(architectures=["LlamaForCausalLM"], model_type="llama", rms_norm_eps=1e-5, hidden_act="silu",
+               attention_bias=False, mlp_bias=False, tie_word_embeddings=False, bos_token_id=1, eos_token_id=2,
+               torch_dtype="bfloat16", **SHAPE)
+    (model_dir / "config.json").write_text(json.dumps(cfg, indent=1))
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(Path(args.tok_dir) / name, model_dir / name)
+    reqs = load_requests(args.requests)
+    loop = asyncio.new_event_loop()
+    asyncio.set_event_loop(loop)
+    t = time.perf_counter()
+    engine = AsyncLLM.from_engine_args(AsyncEngineArgs(
+        model=str(model_dir), load_format="dummy", dtype="bfloat16", max_model_len=SETTINGS["max_model_len"],
+        max_num_seqs=SETTINGS["max_num_seqs"], max_num_batched_tokens=SETTINGS["max_num_batched_tokens"],
+        enable_prefix_caching=False, seed=0, kv_cache_memory_bytes=int(SETTINGS["kv_gib"] * 2**30),
+        **(dict(enforce_eager=True) if TINY else {})))
+    init_s = time.perf_counter() - t
+    counter = iter(range(10**9))
+
+    async def one(ids, n, scheduled=None):
+        if scheduled is not None:
+            await asyncio.sleep(max(0.0, scheduled - time.monotonic()))
+        sp = SamplingParams(max_tokens=n, ignore_eos=True, temperature=0, output_kind=RequestOutputKind.DELTA)
+        rec = {"scheduled": scheduled, "first": None, "finished": None, "tokens": 0}
+        async for out in engine.generate(request_id=f"q{next(counter)}", prompt=TokensPrompt(prompt_token_ids=ids),
+                                         sampling_params=sp):
+            now = time.monotonic()
+            k = len(out.outputs[0].token_ids)
+            if k and rec["first"] is None:
+                rec["first"] = now
+            rec["tokens"] += k
+            if out.finished:
+                rec["finished"] = now
+        return rec
+
+    async def many(ps, n):
+        return [r["tokens"] for r in await asyncio.gather(*(one(p, n) for p in ps))]
+
+    def generate(ps, n):
+        return loop.run_until_complete(many(ps, n))
+
+    async def replay(scale):
+        t0 = time.monotonic() + 0.05
+        recs = await asyncio.gather(*(one(ids, n, t0 + t / scale) for _, t, ids, n in reqs))
+        return summarize(list(recs), t0)
+
+    try:
+        res = {"engine": f"vLLM {vllm.__version__}", "init_s": round(init_s, 1),
+               "settings": "AsyncLLM, its defaults (torch.compile + CUDA graphs, chunked prefill, FlashAttention 3 "
+                           "on Hopper), prefix caching off, the same KV budget and limits as ours"}
+        res.update(b1_and_bursts(generate))
+        res["replay"] = {}
+        for s in SCALES:
+            res["replay"][str(s)] = [loop.run_until_complete(replay(s)) for _ in range(args.repeats if s > 1 else 1)]
+            args.json.write_text(json.dumps(res, indent=1, default=str))  # a timeout keeps what ran
+    finally:
+        engine.shutdown()
+    return res
+
+
+# --- running and reporting ---
+
+def run_worker(which: str, args) -> dict:
+    path = args.out / f"serving_{which}.json"
+    path.unlink(missing_ok=True)
+    cmd = [sys.executable, __file__, "--worker", which, "--json", str(path), "--requests", str(args.requests),
+           "--tok-dir", args.tok_dir or "", "--out", str(args.out), "--repeats", str(args.repeats)]
+    t = time.perf_counter()
+    try:
+        p = subprocess.run(cmd, timeout=args.timeout, capture_output=True)
+        out_b, err_b, rc = p.stdout, p.stderr, p.returncode
+    except subprocess.TimeoutExpired as e:
+        out_b, err_b, rc = e.stdout or b"", e.stderr or b"", "timeout"
+    log = (out_b + err_b).decode(errors="replace")
+    (args.out / f"serving_{which}.log").write_text(log[-200_000:])
+    print(f"{which}: exit {rc} after {time.perf_counter() - t:.0f} s", flush=True)
+    return json.loads(path.read_text()) if path.exists() else {"error": f"exit {rc}", "log_tail": log[-3000:]}
+
+
+def median_run(runs: list[dict]) -> dict:
+    """Per metric, the median over repeats (tails of a saturated engine are noisy)."""
+    if not runs or "error" in runs[0]:
+        return {}
+    keys = [k for k, v in runs[0].items() if isinstance(v, (int, float))]
+    return {k: statistics.median(r[k] for r in runs if r.get(k) is not None) for k in keys}
+
+
+def report(ours: dict, theirs: dict) -> str:
+    cols = ("out_tok_s", "ttft_ms_p50", "ttft_ms_p99", "tpot_ms_p50", "tpot_ms_p99", "e2e_ms_p99", "completed")
+    lines = ["| time scale | engine | out tok/s | TTFT p50 / p99 ms | TPOT p50 / p99 ms | E2E p99 s | done |",
+             "|---|---|---|---|---|---|---|"]
+    ratios = ["| time scale | out tok/s | TTFT p99 | TPOT p99 | E2E p99 |", "|---|---|---|---|---|"]
+
+    def row(scale, name, m):
+        f = lambda k, d=0: "-" if m.get(k) is None else f"{m[k]:,.{d}f}"  # noqa: E731
+        e2e = "-" if m.get("e2e_ms_p99") is None else f"{m['e2e_ms_p99'] / 1e3:.1f}"
+        return (f"| {scale}× | {name} | {f('out_tok_s')} | {f('ttft_ms_p50')} / {f('ttft_ms_p99')} | "
+                f"{f('tpot_ms_p50', 1)} / {f('tpot_ms_p99', 1)} | {e2e} | {f('completed')} |")
+
+    for s in SCALES:
+        o = median_run(ours.get("replay", {}).get(str(s), []))
+        v = median_run(theirs.get("replay", {}).get(str(s), []))
+        for name, d in ((theirs.get("engine", "vLLM"), theirs), ("optladder, chunked_prefill", ours)):
+            runs = d.get("replay", {}).get(str(s), [])
+            for i, run in enumerate(runs):  # every repeat: a tail is noisy, and a median of two hides one
+                lines.append(row(s, name + (f" (repeat {i + 1})" if len(runs) > 1 else ""), run))
+            if not runs:
+                lines.append(row(s, name, {}))
+        nc = median_run(ours.get("replay_no_chunked", {}).get(str(s), []))
+        if nc:
+            lines.append(row(s, "optladder, without chunked_prefill", nc))
+        if o and v:
+            r = lambda k: f"{o[k] / v[k]:.2f}×" if o.get(k) and v.get(k) else "-"  # noqa: E731
+            ratios.append(f"| {s}× | {r('out_tok_s')} | {r('ttft_ms_p99')} | {r('tpot_ms_p99')} | {r('e2e_ms_p99')} |")
+    g = lambda d, *ks: (d.get(ks[0], {}) or {}).get(ks[1])  # noqa: E731
+    other = ["| measure | optladder | vLLM | optladder / vLLM |", "|---|---|---|---|"]
+    for label, keys in [("batch-1 decode, ms per output token", ("decode_b1", "ms_per_token"))] + \
+            [(f"{n} × {p} → {o}, output tok/s", (k, "output_tok_s")) for k, (n, p, o) in BURSTS.items()]:
+        a, b = g(ours, *keys), g(theirs, *keys)
+        other.append(f"| {label} | {a} | {b} | {f'{a / b:.2f}×' if a and b else '-'} |")
+    other.append(f"| engine start, s | {ours.get('init_s')} | {theirs.get('init_s')} | - |")
+    return "\n".join(["## Azure conversation trace, first 500 requests (each repeat; ratios from medians)", "",
+                      *lines, "", "optladder (chunked) / vLLM (≤ 1.00× is level or better for latency, ≥ 0.95× "
+                      "for throughput):", "", *ratios, "", "## Batch-1 decode and bursts", "", *other])
+
+
+def write_report(out: Path, ours: dict, theirs: dict) -> str:
+    md = ["# optladder (every GPU switch, chunked prefill) vs vLLM under the Azure trace, one GPU", "",
+          f"- command: `bash benchmarks/gpu_serving_vs_vllm.sh` (report written "
+          f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())})",
+          f"- GPU: {ours.get('gpu', '?')}; torch {ours.get('torch', '?')}; {theirs.get('engine', 'vLLM: ' + str(theirs.get('error')))}",
+          "- model: Llama-3-8B's shape with a 49,152-token vocabulary, random bf16 weights; identical token ids; "
+          "EOS ignored; greedy",
+          f"- settings, both: KV {SETTINGS['kv_gib']} GiB, max_num_seqs {SETTINGS['max_num_seqs']}, "
+          f"max_num_batched_tokens {SETTINGS['max_num_batched_tokens']}, max_model_len {SETTINGS['max_model_len']}, "
+          "no prefix caching",
+          f"- optladder: {', '.join(ours.get('opts', []))}; vLLM: {theirs.get('settings', '-')}", "",
+          report(ours, theirs), ""]
+    for name, d in (("ours", ours), ("vllm", theirs)):
+        if "error" in d:
+            md += [f"{name} failed: {d['error']}", "", "```", d.get("log_tail", ""), "```", ""]
+    text = "\n".join(md)
+    (out / "gpu_serving_vs_vllm.md").write_text(text)
+    (out / "gpu_serving_vs_vllm.json").write_text(json.dumps({"optladder": ours, "vllm": theirs}, indent=1))
+    return text
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", type=Path, default=Path("gpu_out"))
+    ap.add_argument("--requests", type=Path, default=None)
+    ap.add_argument("--make-requests", type=Path, default=None, help="the trace CSV to take the rows from")
+    ap.add_argument("--combine", nargs=2, type=Path, default=None, help="ours.json vllm.json")
+    ap.add_argument("--tok-dir", default=None)
+    ap.add_argument("--timeout", type=float, default=530)
+    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--only", choices=["ours", "vllm"], default=None)
+    ap.add_argument("--worker", choices=["ours", "vllm"], default=None)
+    ap.add_argument("--json", type=Path, default=None)
+    args = ap.parse_args()
+    if args.make_requests:
+        make_requests(args.make_requests, args.requests)
+        return 0
+    args.out.mkdir(parents=True, exist_ok=True)
+    if args.combine:
+        print(write_report(args.out, *(json.loads(p.read_text()) for p in args.combine)))
+        return 0
+    if args.worker:
+        res = worker_ours(args) if args.worker == "ours" else worker_vllm(args)
+        args.json.write_text(json.dumps(res, indent=1, default=str))
+        sys.stdout.flush()
+        os._exit(0)  # vLLM's engine process and its teardown: the results are written, leave now
+    ours = run_worker("ours", args) if args.only in (None, "ours") else {}
+    theirs = run_worker("vllm", args) if args.only in (None, "vllm") else {}
+    print(write_report(args.out, ours, theirs))
+    return 0 if "error" not in ours and "error" not in theirs else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
