@@ -15,8 +15,11 @@ from backends.opt_map import ALWAYS_ON, FIXED, MAPPED, OptMapping, collect, refu
 from engine.config import EngineConfig
 
 GIB = 1 << 30
+# quant_int8 is not here: vLLM has no weight-only int8 for an unquantized checkpoint (its int8 paths load
+# checkpoints quantized ahead of time), so it is refused rather than silently run in the model dtype
 SUPPORTED = ("paged_kv", "flash_attn", "dynamic_batching", "batched_decode", "cuda_graphs", "prefix_cache",
-             "chunked_prefill", "fused_kernels")  # skinny_gemm: vLLM has no switch for its GEMM kernels
+             "chunked_prefill", "fused_kernels",  # skinny_gemm: vLLM has no switch for its GEMM kernels
+             "quant_fp8", "kv_fp8")
 CPU_BLOCK_MULTIPLE = 32  # vLLM's CPU_ATTN kernel takes block sizes that are multiples of 32 only
 # vLLM has no unfused attention: with flash_attn off on CUDA it runs its Triton paged kernel instead
 CUDA_ATTENTION = {True: "FLASH_ATTN", False: "TRITON_ATTN"}
@@ -69,6 +72,15 @@ def opt_mappings(cfg: EngineConfig, device_type: str) -> list[OptMapping]:
                    "prompts and decodes in one step (it has no prompt-only steps), it only stops cutting prompts",
                    ["--enable-chunked-prefill" if cfg.chunked_prefill else "--no-enable-chunked-prefill"]),
     ]
+    # quant_fp8 is CUDA only: refused on a CPU with the other CUDA-only opts (engine/validation.py)
+    maps.append(OptMapping("quant_fp8", "quant_fp8" in want, MAPPED, cfg.quant_fp8,
+                           "--quantization fp8 when on (vLLM quantizes the checkpoint's weights to FP8 E4M3 as they "
+                           "load, with its own scales; ours: one per output channel); off: the checkpoint's dtype",
+                           ["--quantization", "fp8"] if cfg.quant_fp8 else []))
+    maps.append(OptMapping("kv_fp8", "kv_fp8" in want, MAPPED, cfg.kv_fp8,
+                           "--kv-cache-dtype fp8 when on (vLLM keeps one scale per layer, 1.0 unless the checkpoint "
+                           "carries calibrated ones; ours: one per token and head); off: the model dtype",
+                           ["--kv-cache-dtype", "fp8"] if cfg.kv_fp8 else []))
     if cpu:
         maps += [
             OptMapping("flash_attn", "flash_attn" in want, ALWAYS_ON, True,

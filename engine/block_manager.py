@@ -27,6 +27,7 @@ class KVLayout:
 
     block_size: int
     num_blocks: int
+    fp8: bool = False  # kv_fp8: E4M3 values with a scale per token and head (engine/kv_quant.py)
 
 
 class Block:

@@ -43,6 +43,9 @@ class ModelConfig:
     max_position_embeddings: int = 8192
     tie_word_embeddings: bool = True
     init_std: float = 0.02
+    # a deliberately damaged model, to show that the quality gates catch one (engine/damage.py):
+    # null, round_bits:<b> (every decoder weight rounded to b bits per row) or zero_layer:<i>
+    damage: Optional[str] = None
 
 
 @dataclass
@@ -93,5 +96,9 @@ class EngineConfig:
     skinny_gemm: bool = False
     prefix_cache: bool = False
     chunked_prefill: bool = False
+    # lossy: weight-only int8 / FP8 E4M3 weights with per-channel scales (engine/quant.py)
+    quant_int8: bool = False
+    quant_fp8: bool = False
+    kv_fp8: bool = False  # the KV cache in FP8 E4M3, one scale per token and head (engine/kv_quant.py)
     # engines reached over HTTP
     server: ServerConfig = field(default_factory=ServerConfig)

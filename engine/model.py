@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from engine.attention import AttnMeta, store_kv
+from engine.kv_quant import QuantKV, rope_store_kv_fp8
 
 
 @dataclass(frozen=True)
@@ -128,14 +129,15 @@ class DecoderLayer(nn.Module):
         from engine.kernels.gemv import decode_linear
 
         def linear(mod: nn.Linear, h, silu_mul=False):
-            if skinny:
+            if skinny and isinstance(mod, nn.Linear):  # a quantized layer (engine/quant.py) runs its own kernel
                 return decode_linear(h, mod.weight, silu_mul)
             return fused.silu_mul(mod(h)) if silu_mul else mod(h)
 
         t = x.shape[0]
         h, residual = fused.add_rmsnorm(x, residual, self.input_layernorm.weight, self.input_layernorm.eps)
-        q = fused.rope_store_kv(linear(self.qkv_proj, h), positions, rotary.cos, rotary.sin, meta.slot_mapping,
-                                self.k_cache, self.v_cache, self.nh, self.nkv, self.hd)
+        store = rope_store_kv_fp8 if isinstance(self.k_cache, QuantKV) else fused.rope_store_kv  # kv_fp8
+        q = store(linear(self.qkv_proj, h), positions, rotary.cos, rotary.sin, meta.slot_mapping,
+                  self.k_cache, self.v_cache, self.nh, self.nkv, self.hd)
         # a varlen step reaches here only when its attention reads K/V from the cache (model_runner.py)
         o = attn.prefill(q, None, None, meta, self.k_cache, self.v_cache) if meta.is_prefill else \
             attn.decode(q, meta, self.k_cache, self.v_cache)

@@ -15,6 +15,7 @@ import torch
 
 from engine.attention import AttnMeta, packed
 from engine.block_manager import KVLayout
+from engine.kv_quant import QuantKV
 from engine.model import DecodeKernels, LlamaModel, LlamaShape
 from engine.scheduler import Batch
 from engine.sequence import SamplingParams, Sequence
@@ -38,6 +39,10 @@ class ModelRunner:
         pool_blocks = layout.num_blocks + (graph_max_batch is not None)
         for layer in model.layers:
             # zeros, not empty: masked-out slots are multiplied by 0 in attention, and 0 * NaN is NaN
+            if layout.fp8:  # kv_fp8, as the engine decided: E4M3 values with scales (engine/kv_quant.py)
+                layer.k_cache, layer.v_cache = (QuantKV.zeros(pool_blocks, layout.block_size, s.num_key_value_heads,
+                                                              s.head_dim, dtype, device) for _ in range(2))
+                continue
             layer.k_cache = torch.zeros(pool_blocks, layout.block_size, s.num_key_value_heads, s.head_dim,
                                         dtype=dtype, device=device)
             layer.v_cache = torch.zeros_like(layer.k_cache)

@@ -30,6 +30,10 @@ OPTS: dict[str, OptSpec] = {o.name: o for o in (
     OptSpec("chunked_prefill", "chunked_prefill", True,
             "every step one token budget: running decodes first, then prompt chunks",
             needs=("paged_kv", "dynamic_batching")),
+    OptSpec("quant_int8", "quant_int8", False, "weight-only int8, one scale per output channel"),
+    OptSpec("quant_fp8", "quant_fp8", False, "FP8 E4M3 weights, one scale per output channel (capability >= 8.9)",
+            cuda_only=True),
+    OptSpec("kv_fp8", "kv_fp8", False, "KV cache in FP8 E4M3, one scale per token and KV head"),
 )}
 
 
@@ -45,10 +49,11 @@ def is_lossless(opt_names: list[str]) -> bool:
 
 
 def switch_configs(include_cuda_only: bool = False) -> dict[str, dict[str, bool]]:
-    """The configs that show what each switch buys: the baseline, each switch alone (with what it needs),
-    and all of them on. Engine field -> True, keyed by a readable name."""
+    """The configs that show what each lossless switch buys: the baseline, each switch alone (with what it
+    needs), and all of them on. Engine field -> True, keyed by a readable name. Lossy opts (quantization)
+    are left out: these configs must give the baseline's exact outputs."""
     out: dict[str, dict[str, bool]] = {"baseline": {}}
-    specs = [o for o in OPTS.values() if include_cuda_only or not o.cuda_only]
+    specs = [o for o in OPTS.values() if o.lossless and (include_cuda_only or not o.cuda_only)]
     for spec in specs:
         names = [*spec.needs, spec.name]
         out["+".join(names)] = {OPTS[n].field: True for n in names}
