@@ -175,12 +175,11 @@ class LLMEngine:
                 self.runner.release(seq)
                 if self.speculator is not None:
                     self.speculator.release(seq)
-            # one event per token; a step that emits several (accepted drafts) puts its text on the last
-            new = seq.token_ids[n:]
-            for j, tok in enumerate(new):
-                last = j == len(new) - 1
-                events.append(TokenEvent(seq.request_id, tok, text if last else "", now, done and last,
-                                         seq.finish_reason if last else None, seq.num_output_tokens - len(new) + j + 1,
+            # one event per token; a step that emitted several (accepted drafts) puts its text on the last
+            for i in range(n, len(seq)):
+                last = i == len(seq) - 1
+                events.append(TokenEvent(seq.request_id, seq.token_ids[i], text if last else "", now, done and last,
+                                         seq.finish_reason if last else None, i + 1 - seq.num_prompt_tokens,
                                          seq.num_preemptions))
         self._record_memory(now)
         return events

@@ -150,11 +150,7 @@ class ModelRunner:
         if not batch.is_decode:
             ids, pos, meta, last = self.prepare_varlen(batch)
             return self.model(ids, pos, meta, last, fused=self._fused_varlen(meta), skinny=self.kernels.skinny)
-        seqs, rows = batch.seqs, None
-        if batch.has_drafts:  # a verify step: a decode step of one row per token
-            seqs = [s for s, d in zip(batch.seqs, batch.drafts) for _ in range(1 + len(d))]
-            rows = self._query_rows(seqs, [t for s, d in zip(batch.seqs, batch.drafts) for t in [s.last_token, *d]],
-                                    [len(s) - 1 + j for s, d in zip(batch.seqs, batch.drafts) for j in range(1 + len(d))])
+        seqs, rows = self._verify_rows(batch) if batch.has_drafts else (batch.seqs, None)
         if self.graphs is not None:
             logits = self.graphs.run(*(rows or self._decode_inputs(seqs)), self._table_rows(seqs))
             if logits is not None:
@@ -162,13 +158,23 @@ class ModelRunner:
         self.eager_decode_steps += 1
         return self.model(*self.prepare_decode(seqs, rows), fused=self.kernels.fused, skinny=self.kernels.skinny)
 
+    def _verify_rows(self, batch: Batch):
+        """A verify step as a decode step: a query row per token, each sequence's newest and then its drafts."""
+        seqs, tokens, positions = [], [], []
+        for s, drafts in zip(batch.seqs, batch.drafts):
+            for j, tok in enumerate([s.last_token, *drafts]):
+                seqs.append(s)
+                tokens.append(tok)
+                positions.append(len(s) - 1 + j)
+        return seqs, self._query_rows(seqs, tokens, positions)
+
     def draft_logits(self, seqs: list[Sequence], tokens: list[int], positions: list[int],
                      num_layers: int) -> torch.Tensor:
         """float32 logits [len(seqs), vocab] of the model's first num_layers layers (then its final norm and
         head) for one token a sequence at the given positions, eagerly. It writes those layers' K/V at the
         positions' slots; the verify step that follows rewrites them with the whole model's."""
-        batch_rows = self._query_rows(seqs, tokens, positions)
-        return self.model(*self.prepare_decode(seqs, batch_rows), num_layers=num_layers)
+        rows = self._query_rows(seqs, tokens, positions)
+        return self.model(*self.prepare_decode(seqs, rows), num_layers=num_layers)
 
     def sample(self, logits: torch.Tensor, seqs: list[Sequence], drafts: list[list[int]] | None = None) -> torch.Tensor:
         """A token per logits row, on the device: greedy where temperature is 0, else seeded sampling.
@@ -193,18 +199,22 @@ class ModelRunner:
             gen = torch.Generator(device=self.device)
             gen.manual_seed(p.seed if p.seed is not None else seq.seq_id)
             self.generators[seq.seq_id] = gen
-        probs = sampling_probs(logits, p)
-        if draft is not None:
-            # the draft was proposed with certainty (q = 1 at it): accept it with probability p(draft), else
-            # draw from p with the draft taken out, which is norm(max(0, p - q))
-            if torch.rand((), device=self.device, generator=gen) < probs[draft]:
-                return torch.tensor(draft, device=self.device)
-            probs = probs.clone()
-            probs[draft] = 0.0
-        return torch.multinomial(probs, 1, generator=gen)[0]
+        return draw(sampling_probs(logits, p), gen, draft)
 
     def release(self, seq: Sequence) -> None:
         self.generators.pop(seq.seq_id, None)
+
+
+def draw(probs: torch.Tensor, gen: torch.Generator, draft: int | None = None) -> torch.Tensor:
+    """A token from `probs`; given a draft, speculative sampling's acceptance: the draft was proposed with
+    certainty (q = 1 at it), so it is kept with probability min(1, p(draft) / q(draft)) = p(draft), else a
+    token is drawn from norm(max(0, p - q)): p with the draft taken out. The token is distributed as p."""
+    if draft is not None:
+        if torch.rand((), device=probs.device, generator=gen) < probs[draft]:
+            return torch.tensor(draft, device=probs.device)
+        probs = probs.clone()
+        probs[draft] = 0.0
+    return torch.multinomial(probs, 1, generator=gen)[0]
 
 
 def sampling_probs(logits: torch.Tensor, p: SamplingParams) -> torch.Tensor:

@@ -15,9 +15,10 @@ In all three, a sequence that cannot get a KV block preempts the most recently a
 whose KV is dropped and recomputed later (it goes back to the front of the queue: nothing starves).
 
 Speculative decoding (the engine hands its SpeculativeConfig in, or None): a decoding sequence also gets
-KV slots for up to num_draft_tokens drafts after its newest token (`Batch.lookahead`), taken only from free
-blocks (drafts never preempt anyone) and within the step's token budget; the engine fills them with drafts
-and verifies them in the step. postprocess appends the accepted tokens and rolls the KV of the rest back.
+KV slots for up to num_draft_tokens drafts after its newest token (`Batch.lookahead`), last: from the free
+blocks and the token budget that the step's decodes and prompts left (drafts never preempt anyone nor keep
+a prompt out, so under load they get nothing); the engine fills them with drafts and verifies them in the
+step. postprocess appends the accepted tokens and gives the slots of the rest back.
 """
 from __future__ import annotations
 
@@ -112,40 +113,35 @@ class Scheduler:
     def _decode(self) -> Batch | None:
         queue = deque(self.running)
         scheduled: list[Sequence] = []
-        lookahead: list[int] = []
         while queue:
             seq = queue.popleft()
-            drafts = self._reserve_decode_slot(seq, queue)
-            if drafts is not None:
+            if self._reserve_decode_slot(seq, queue):
                 scheduled.append(seq)
-                lookahead.append(drafts)
         if not scheduled:
             return None
-        return Batch(scheduled, [self._step_tokens(s, len(s)) for s in scheduled], lookahead)
+        counts = [self._step_tokens(s, len(s)) for s in scheduled]
+        return Batch(scheduled, counts, self._reserve_drafts(scheduled, self.cfg.max_num_batched_tokens - len(counts)))
 
     # --- chunked prefill ---
     def _schedule_chunked(self) -> Batch | None:
         budget = self.cfg.max_num_batched_tokens
         seqs: list[Sequence] = []
         counts: list[int] = []
-        lookahead: list[int] = []
         # running sequences first, oldest first: decodes, and prompts whose earlier chunks have run
         queue = deque(sorted(self.running, key=lambda s: not _decoding(s)))  # stable: decodes lead
         preemptions = self.num_preemptions
-        while queue and budget > 0:
+        while queue and budget > 0 and _decoding(queue[0]):
             seq = queue.popleft()
-            drafts = 0
-            if _decoding(seq):
-                drafts = self._reserve_decode_slot(seq, queue, budget - 1)
-                if drafts is None:
-                    continue
-                n = self._step_tokens(seq, len(seq))
-            else:  # its blocks were allocated for the whole prompt at admission
-                n = self._step_tokens(seq, min(len(seq), seq.num_computed_tokens + budget))
+            if self._reserve_decode_slot(seq, queue):
+                seqs.append(seq)
+                counts.append(self._step_tokens(seq, len(seq)))
+                budget -= 1
+        num_decodes = len(seqs)
+        while queue and budget > 0:  # prompts under way: their blocks were allocated whole at admission
+            seq = queue.popleft()
             seqs.append(seq)
-            counts.append(n)
-            lookahead.append(drafts)
-            budget -= n + drafts
+            counts.append(self._step_tokens(seq, min(len(seq), seq.num_computed_tokens + budget)))
+            budget -= counts[-1]
         # then new prompts, unless KV ran short this step (they would only be preempted again)
         preempted = self.num_preemptions > preemptions
         while not preempted and budget > 0 and self.waiting and len(self.running) < self.cfg.max_num_seqs:
@@ -156,9 +152,10 @@ class Scheduler:
             self.prompts_split += n < len(seq) - seq.num_computed_tokens
             seqs.append(seq)
             counts.append(n)
-            lookahead.append(0)
             budget -= n
-        return Batch(seqs, counts, lookahead) if seqs else None
+        # drafts last: what the prompts left of the budget and of the free blocks (under load, nothing)
+        lookahead = self._reserve_drafts(seqs[:num_decodes], budget)
+        return Batch(seqs, counts, lookahead + [0] * (len(seqs) - num_decodes)) if seqs else None
 
     # --- shared pieces ---
     def _admit(self, seq: Sequence) -> Sequence:
@@ -174,29 +171,34 @@ class Scheduler:
         self.bm.register_full_blocks(seq, upto)
         return upto - seq.num_computed_tokens
 
-    def _reserve_decode_slot(self, seq: Sequence, queue: deque[Sequence], budget: int | None = None) -> int | None:
+    def _reserve_decode_slot(self, seq: Sequence, queue: deque[Sequence]) -> bool:
         """A KV slot for seq's next token, preempting from the back of `queue` (the most recently admitted
-        sequences not yet in this step), or seq itself when nothing is left to take; with speculation, slots
-        for drafts after it too, from free blocks only and within `budget` tokens. Returns the number of
-        draft slots reserved, or None when seq was preempted."""
-        drafts = self._draft_slots(seq, budget)
-        if drafts and self.bm.can_append(seq, 1 + drafts):
-            self.bm.may_append(seq, 1 + drafts)
-            return drafts
+        sequences not yet in this step), or seq itself when nothing is left to take. True if it got one."""
         while not self.bm.can_append(seq):
             if queue:
                 self._preempt(queue.pop())
             else:
                 self._preempt(seq)
-                return None
+                return False
         self.bm.may_append(seq)
-        return 0
+        return True
 
-    def _draft_slots(self, seq: Sequence, budget: int | None) -> int:
-        """Drafts worth verifying: a verify step yields at most drafts + 1 tokens, and never more than the
-        request still wants (which also keeps every draft's position inside max_model_len)."""
-        left = seq.params.max_tokens - seq.num_output_tokens - 1
-        return max(0, min(self._num_draft_tokens, left, budget if budget is not None else left))
+    def _reserve_drafts(self, seqs: list[Sequence], budget: int) -> list[int]:
+        """Speculative decoding: KV slots for drafts after each decoding sequence's newest token, once every
+        decode has its own slot, so drafts take only what is free (they never preempt anyone, nor leave a
+        decode without a slot) and stay within `budget` tokens. A verify step yields at most drafts + 1
+        tokens, so never more drafts than the request still wants (which also keeps every draft's position
+        inside max_model_len). Returns the draft slots of each sequence."""
+        out = []
+        for seq in seqs:
+            drafts = max(0, min(self._num_draft_tokens, seq.params.max_tokens - seq.num_output_tokens - 1, budget))
+            while drafts and not self.bm.can_append(seq, 1 + drafts):  # what the free blocks still hold
+                drafts -= 1
+            if drafts:
+                self.bm.may_append(seq, 1 + drafts)
+            budget -= drafts
+            out.append(drafts)
+        return out
 
     def _preempt(self, seq: Sequence) -> None:
         self.bm.deallocate(seq)

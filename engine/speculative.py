@@ -48,6 +48,9 @@ class NgramProposer:
         self.sizes = range(spec.ngram_max, spec.ngram_min - 1, -1)  # the longest match first
         self.index: dict[int, tuple[int, dict[int, dict[tuple[int, ...], int]]]] = {}
 
+    def propose_rows(self, seqs: list[Sequence], ks: list[int]) -> list[list[int]]:
+        return [self.propose(seq, k) for seq, k in zip(seqs, ks)]
+
     def propose(self, seq: Sequence, k: int) -> list[int]:
         toks, length = seq.token_ids, len(seq)
         upto, maps = self.index.get(seq.seq_id, (1, {n: {} for n in self.sizes}))
@@ -111,13 +114,11 @@ class Speculator:
     def propose(self, batch: Batch) -> None:
         """Fill batch.drafts, up to each row's reserved slots."""
         rows = [i for i, k in enumerate(batch.lookahead) if k]
-        if isinstance(self.proposer, NgramProposer):
-            for i in rows:
-                batch.drafts[i] = self.proposer.propose(batch.seqs[i], batch.lookahead[i])
-        elif rows:
-            drafts = self.proposer.propose_rows([batch.seqs[i] for i in rows], [batch.lookahead[i] for i in rows])
-            for i, d in zip(rows, drafts):
-                batch.drafts[i] = d
+        drafts = self.proposer.propose_rows([batch.seqs[i] for i in rows], [batch.lookahead[i] for i in rows])
+        for i, d in zip(rows, drafts):
+            assert len(d) <= batch.lookahead[i]
+            batch.drafts[i] = d
+        if isinstance(self.proposer, LayerDraftProposer):
             self.draft_passes += max(batch.lookahead)
         self.no_draft_rows += sum(not batch.drafts[i] for i in rows)
         self.verify_steps += batch.has_drafts
