@@ -3,8 +3,9 @@
 The engine's switches are read here, once each, and handed down as what they decide: paged_kv as the KV
 layout, flash_attn as the attention backend, cuda_graphs / fused_kernels / skinny_gemm as the decode step's
 graphs and kernels, prefix_cache to the block manager, batched_decode to the detokenizer, quant_int8 /
-quant_fp8 as the weights' quantization (engine/quant.py), kv_fp8 as the KV layout's format. The scheduler
-takes the config itself and reads dynamic_batching and chunked_prefill (engine/scheduler.py).
+quant_fp8 as the weights' quantization (engine/quant.py), kv_fp8 as the KV layout's format, speculative to
+a Speculator (drafts and their acceptance) and the scheduler's draft slots. The scheduler takes the config
+itself and reads dynamic_batching and chunked_prefill (engine/scheduler.py).
 """
 from __future__ import annotations
 
@@ -27,6 +28,7 @@ from engine.opts import enabled_opts
 from engine.quant import linear_dims, quant_method, quantize_model, validate_quant
 from engine.scheduler import Scheduler
 from engine.sequence import SamplingParams, Sequence
+from engine.speculative import Speculator, validate_speculative
 from engine.stats import KVTimeline, StageTimers, StepStats
 from engine.validation import validate_engine, validate_head_dim
 
@@ -66,6 +68,8 @@ class LLMEngine:
         if cfg.max_model_len > shape.max_position_embeddings:
             raise ValueError(f"engine.max_model_len={cfg.max_model_len} exceeds the model's "
                              f"max_position_embeddings={shape.max_position_embeddings}")
+        spec = cfg.speculative  # read here: the Speculator below, and the scheduler's draft slots
+        validate_speculative(spec, shape, cfg.max_model_len)
         # paged_kv is read here: contiguous KV is one max_model_len block per sequence
         self.block_size = cfg.block_size if cfg.paged_kv else cfg.max_model_len
         self.kv_fp8 = cfg.kv_fp8  # read here: the budget's bytes per token and the runner's cache format
@@ -87,7 +91,9 @@ class LLMEngine:
             graph_max_batch=max(cfg.batch_size, cfg.max_num_seqs) if cfg.cuda_graphs else None,
             max_model_len=cfg.max_model_len)
         eos = self.tokenizer.eos_token_id
-        self.scheduler = Scheduler(cfg, self.block_manager, tuple(eos if isinstance(eos, list) else [eos]))
+        self.scheduler = Scheduler(cfg, self.block_manager, tuple(eos if isinstance(eos, list) else [eos]),
+                                   speculative=spec if spec else None)
+        self.speculator = Speculator(spec, self.runner) if spec else None
         self.detokenizer = Detokenizer(self.tokenizer, batched=cfg.batched_decode)
         self.timers = StageTimers()
         self.step_stats = StepStats()
@@ -156,27 +162,42 @@ class LLMEngine:
             batch = self.scheduler.schedule(time.monotonic())
         if batch is None:
             return []
+        if self.speculator is not None and any(batch.lookahead):
+            with t.time("draft", self._sync):
+                self.speculator.propose(batch)
         decode_tokens = batch.num_decode_tokens
         prefill_tokens = batch.num_tokens - decode_tokens
         stage = "decode" if not prefill_tokens else "prefill" if not decode_tokens else "mixed"
+        if stage == "decode" and batch.has_drafts:
+            stage = "verify"
         t0 = time.perf_counter()
         with t.time(stage, self._sync):
             logits = self.runner.forward(batch)
         self.step_stats.record(prefill_tokens, decode_tokens, time.perf_counter() - t0,
                                self.scheduler.decodes_waiting)
-        sampled = batch.sampled_seqs
+        sampled, drafts = batch.sampled_seqs, batch.sampled_drafts
         with t.time("sample"):
-            token_ids = self.detokenizer.to_host(self.runner.sample(logits, sampled))
+            token_ids = self.detokenizer.to_host(self.runner.sample(logits, sampled, drafts))
+            if self.speculator is not None:
+                token_ids = self.speculator.accept(drafts, token_ids)
         now = time.monotonic()
+        before = [len(s) for s in sampled]
         finished = {s.seq_id for s in self.scheduler.postprocess(batch, token_ids)}
         with t.time("detokenize"):
             texts = self.detokenizer.update(sampled)
         events = []
-        for seq, tok, text in zip(sampled, token_ids, texts):
-            if seq.seq_id in finished:
+        for seq, n, text in zip(sampled, before, texts):
+            done = seq.seq_id in finished
+            if done:
                 self.runner.release(seq)
-            events.append(TokenEvent(seq.request_id, tok, text, now, seq.seq_id in finished, seq.finish_reason,
-                                     seq.num_output_tokens, seq.num_preemptions))
+                if self.speculator is not None:
+                    self.speculator.release(seq)
+            # one event per token; a step that emitted several (accepted drafts) puts its text on the last
+            for i in range(n, len(seq)):
+                last = i == len(seq) - 1
+                events.append(TokenEvent(seq.request_id, seq.token_ids[i], text if last else "", now, done and last,
+                                         seq.finish_reason if last else None, i + 1 - seq.num_prompt_tokens,
+                                         seq.num_preemptions))
         self._record_memory(now)
         return events
 
@@ -216,6 +237,8 @@ class LLMEngine:
         sched.num_preemptions, sched.batch_sizes_seen, sched.prompts_split = 0, {}, 0
         bm.blocks_allocated_total = bm.prefix_queries = bm.prefix_hits = 0
         det.host_copies = det.decode_calls = 0
+        if self.speculator is not None:
+            self.speculator.reset()
         if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)
 
@@ -234,6 +257,8 @@ class LLMEngine:
         bm = self.block_manager
         if bm.prefix_queries:
             m["perf/prefix_hit_rate"] = bm.prefix_hits / bm.prefix_queries
+        if self.speculator is not None:
+            m.update(self.speculator.metrics())
         return m
 
     def opts_effective(self) -> dict[str, dict]:
@@ -268,4 +293,5 @@ class LLMEngine:
             "kv_fp8": {"on": self.kv_fp8, "kv_bytes_per_token": self.bytes_per_token,
                        "model_dtype_kv_bytes_per_token": kv_bytes_per_token(self.model.shape, self.dtype),
                        "decode_attention": runner.attention_backend},
+            "speculative": self.speculator.evidence() if self.speculator is not None else {"on": False},
         }

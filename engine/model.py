@@ -12,6 +12,7 @@ graphs of engine/cuda_graphs.py. It needs Triton, so a CUDA device or Triton's i
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import islice
 
 import torch
 from torch import nn
@@ -161,23 +162,25 @@ class LlamaModel(nn.Module):
 
     @torch.inference_mode()
     def forward(self, input_ids, positions, meta: AttnMeta, logits_indices, attn=None,
-                fused: bool = False, skinny: bool = False) -> torch.Tensor:
+                fused: bool = False, skinny: bool = False, num_layers: int | None = None) -> torch.Tensor:
         """input_ids/positions [T] -> float32 logits [len(logits_indices), vocab].
         attn: an attention backend other than self.attn (the graph-safe decode of engine/cuda_graphs.py);
         fused: through the fused kernels (a decode step, or a varlen step whose attention reads the cache);
-        skinny: and the linear layers of up to 16 rows through the skinny-GEMM kernel."""
+        skinny: and the linear layers of up to 16 rows through the skinny-GEMM kernel;
+        num_layers: only the first layers, then the final norm and head (speculative decoding's draft)."""
         attn = attn or self.attn
         x = self.embed_tokens(input_ids)
+        layers = self.layers if num_layers is None else islice(self.layers, num_layers)
         if fused:
             from engine.kernels.fused import add_rmsnorm
             from engine.kernels.gemv import decode_linear
 
             residual = None
-            for layer in self.layers:
+            for layer in layers:
                 x, residual = layer.forward_fused(x, residual, positions, meta, self.rotary, attn, skinny)
             x = add_rmsnorm(x, residual, self.norm.weight, self.norm.eps)[0][logits_indices]
             return (decode_linear(x, self.lm_head.weight) if skinny else self.lm_head(x)).float()
-        for layer in self.layers:
+        for layer in layers:
             x = layer(x, positions, meta, self.rotary, attn)
         return self.lm_head(self.norm(x[logits_indices])).float()
 

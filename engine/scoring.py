@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import torch
 
-from engine.scheduler import Batch
+from engine.batch import Batch
 from engine.sequence import SamplingParams, Sequence
 
 MAX_SCORED_POSITIONS = 512  # a batch's logits: 512 x 49,152 x 4 bytes = 100 MB for SmolLM2's vocabulary
