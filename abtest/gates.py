@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field, fields
-from typing import Any
+from typing import Any, Optional
 
 
 def _metric_names() -> frozenset[str]:
@@ -22,6 +22,8 @@ def _metric_names() -> frozenset[str]:
     names |= {"traffic/ks_input_len", "traffic/ks_output_len"}
     names |= {f"quality/{m}_vs_ref" for m in ("bleu", "rouge1", "rouge2", "rougeL")}
     names |= {f"quality/{m}_vs_control" for m in ("bleu", "rougeL", "exact_match")}
+    names |= {"quality/kl_vs_control_mean", "quality/kl_vs_control_p99", "quality/top1_agree_vs_control",
+              "quality/ppl_ref_rel_change"}  # teacher-forced, lossy candidates (abtest/teacher_forced.py)
     return frozenset(names)
 
 
@@ -44,8 +46,11 @@ def validate_metric(name: str) -> str:
                      f"and any {' or '.join(p + '*' for p in METRIC_PREFIXES)}")
 
 
+_LOWER_IS_BETTER = ("quality/kl_", "quality/ppl_")
+
+
 def higher_is_better(name: str) -> bool:
-    return validate_metric(name).startswith(_HIGHER_IS_BETTER)
+    return validate_metric(name).startswith(_HIGHER_IS_BETTER) and not name.startswith(_LOWER_IS_BETTER)
 
 
 def _default_quality_margins() -> dict[str, float]:
@@ -80,6 +85,11 @@ class GateConfig:
         sweep on the same kind of machine measured it (abtest/aa_summary.py prints it). A latency interval
         needs run-to-run noise: one run pair cannot show it, so without a prior here it needs ab.repeats >= 2.
     run_noise_weight: how many run pairs' worth the prior counts for, pooled with the pairs' own spread.
+    kl_max_mean, kl_max_p99, top1_agree_min, ppl_max_rel_increase: the teacher-forced gates of a lossy
+        candidate (abtest/teacher_forced.py), each on its bootstrap interval over prompts; null: not gated.
+        The defaults are calibrated on SmolLM2 (README): float32 -> bfloat16 passes, a damaged model fails.
+        When they decide, the text gates of a lossy candidate are reported: agreement with the control's
+        answers does not decide, and a non-inferiority check against the references decides only by failing.
     """
 
     quality_margins_rel: dict[str, float] = field(default_factory=_default_quality_margins)
@@ -94,10 +104,21 @@ class GateConfig:
     run_noise: dict[str, float] = field(default_factory=dict)
     run_noise_weight: float = 4.0
     seed: int = 0
+    kl_max_mean: Optional[float] = 0.01
+    kl_max_p99: Optional[float] = 0.1
+    top1_agree_min: Optional[float] = 0.97
+    ppl_max_rel_increase: Optional[float] = 0.02
+
+    def teacher_forced_bounds(self) -> dict[str, float]:
+        """Metric -> bound of each teacher-forced gate that is set (a floor for top-1 agreement)."""
+        bounds = {"quality/kl_vs_control_mean": self.kl_max_mean, "quality/kl_vs_control_p99": self.kl_max_p99,
+                  "quality/top1_agree_vs_control": self.top1_agree_min,
+                  "quality/ppl_ref_rel_change": self.ppl_max_rel_increase}
+        return {m: float(b) for m, b in bounds.items() if b is not None}
 
     def __post_init__(self) -> None:
         for name, margin in self.quality_margins_rel.items():
-            if not validate_metric(name).startswith("quality/") or name.endswith("_vs_control"):
+            if not validate_metric(name).endswith("_vs_ref"):
                 raise ValueError(
                     f"gate.quality_margins_rel: {name!r} has no control value to be non-inferior to; "
                     f"valid: {', '.join(sorted(m for m in METRICS if m.endswith('_vs_ref')))} "
@@ -128,6 +149,11 @@ class GateConfig:
                                  "perf/{ttft,tpot,e2e}_ms_{mean,p50,p90,p99}")
             _check_range(f"gate.run_noise[{name!r}]", sd, 1e-6, 2.0)
         _check_range("gate.run_noise_weight", self.run_noise_weight, 0.0, 1e6)
+        for name in ("kl_max_mean", "kl_max_p99", "ppl_max_rel_increase"):
+            if getattr(self, name) is not None:
+                _check_range(f"gate.{name}", getattr(self, name), 0.0, 100.0)
+        if self.top1_agree_min is not None:
+            _check_range("gate.top1_agree_min", self.top1_agree_min, 0.0, 1.0)
         if not 0.0 < self.alpha < 1.0:
             raise ValueError(f"gate.alpha must be in (0, 1), got {self.alpha}")
         if self.n_boot < 1 or self.min_pairs < 1:

@@ -32,8 +32,10 @@ def arms_lossless(control: dict[str, Any], candidate: dict[str, Any]) -> tuple[b
     a, b = leaves(control), leaves(candidate)
     diff = sorted(k for k in set(a) | set(b)
                   if a.get(k, _MISSING) != b.get(k, _MISSING) and not k.startswith(IGNORED))
-    lossless_fields = {f"engine.{s.field}" for s in OPTS.values() if s.lossless}
-    lossy = [k for k in diff if k not in SCHEDULING and k not in lossless_fields]
+    lossless_fields = tuple(f"engine.{s.field}" for s in OPTS.values() if s.lossless)
+    # an opt's field may be a settings group (engine.speculative.method, ...): all its keys are the opt's
+    lossy = [k for k in diff if k not in SCHEDULING and k not in lossless_fields
+             and not k.startswith(tuple(f + "." for f in lossless_fields))]
     if lossy:
         return False, f"lossy: {', '.join(f'{k}={a.get(k)}->{b.get(k)}' for k in lossy)}"
     return True, f"lossless: differs only in {', '.join(diff) or 'nothing'}"

@@ -33,7 +33,7 @@ def rollout_plan(verdict: Verdict, candidate_name: str, stages: Sequence[float] 
                          f"{list(stages)}")
     if weights[-1] != 100:
         raise ValueError(f"rollout stages must end at 100 (full rollout), got {list(stages)}")
-    recheck = list(gate_names) if gate_names is not None else [g.name for g in verdict.gates]
+    recheck = list(gate_names) if gate_names is not None else [g.name for g in verdict.gates if g.decides]
     return {
         "candidate": candidate_name,
         "control": verdict.control,

@@ -3,7 +3,9 @@
 Each gate is pass, fail or inconclusive with a reason that carries its numbers; the verdict is fail if
 any gate fails, else inconclusive if any gate could not decide, else pass, with exit status 0, 1 or 2
 so it can serve as an Argo Rollouts analysis Job or behind a Flagger webhook. A gate never passes on
-a metric that was not measured. No torch, no I/O.
+a metric that was not measured. A lossy candidate is decided by the teacher-forced gates
+(abtest/teacher_forced.py) once they were measured; its text gates are then reported (`decides` False),
+except a non-inferiority check that fails. No torch, no I/O.
 """
 from __future__ import annotations
 
@@ -16,6 +18,8 @@ import numpy as np
 from abtest.gates import PAIRED_LATENCY, GateConfig, higher_is_better
 from abtest.run_pairs import align_runs, pair_interval
 from abtest.stats import Interval, bootstrap_mean_delta
+from abtest.teacher_forced import teacher_forced_checks
+from quality.teacher_forced import TeacherForcedScores
 from traffic.request import RequestRecord
 
 Status = Literal["pass", "fail", "inconclusive"]
@@ -28,7 +32,8 @@ _QUANTILES = {"mean": None, "p50": 0.50, "p90": 0.90, "p99": 0.99}
 @dataclass
 class ArmResult:
     """One arm's measurements. quality_per_prompt: metric -> per-prompt scores in prompt order.
-    runs: the records of each repeat, run j of both arms being pair j; empty means one run, `records`."""
+    runs: the records of each repeat, run j of both arms being pair j; empty means one run, `records`.
+    teacher_forced: a lossy candidate's teacher-forced comparison with the control, per prompt."""
 
     name: str
     metrics: dict[str, float]
@@ -38,6 +43,7 @@ class ArmResult:
     requests_digest: str
     prompts_digest: str
     runs: list[list[RequestRecord]] = field(default_factory=list)
+    teacher_forced: TeacherForcedScores | None = None
 
     def all_runs(self) -> list[list[RequestRecord]]:
         return self.runs or [self.records]
@@ -57,6 +63,7 @@ class GateResult:
     candidate: float | None
     interval: Interval | None = None
     bound: float | None = None  # relative gates: the largest bad-direction change that passes
+    decides: bool = True  # False: reported only (a lossy candidate's text gates, when teacher forcing decides)
 
     @property
     def name(self) -> str:
@@ -221,26 +228,49 @@ def check_same_traffic(control: ArmResult, candidate: ArmResult) -> None:
                              f"{what} differs (control {a[:16]!r}, candidate {b[:16]!r})")
 
 
+def _teacher_forced_gates(candidate: ArmResult, gate: GateConfig) -> list[GateResult]:
+    checks = teacher_forced_checks(candidate.teacher_forced, gate.teacher_forced_bounds(), gate.n_boot, gate.seed,
+                                   gate.alpha, gate.min_pairs)
+    return [GateResult("teacher_forced", c.metric, c.status, c.reason, None, c.value, c.interval) for c in checks]
+
+
+def _reported(results: list[GateResult], why: str, unless_failed: bool = False) -> list[GateResult]:
+    """Mark text gates as reported only; with unless_failed, a failing one still decides."""
+    for r in results:
+        if not (unless_failed and r.status == "fail"):
+            r.decides, r.reason = False, f"{r.reason} (reported: {why})"
+    return results
+
+
 def decide(control: ArmResult, candidate: ArmResult, gate: GateConfig,
            candidate_lossless: bool) -> Verdict:
-    """Apply every gate; see the module docstring for how they combine."""
+    """Apply every gate; see the module docstring for how they combine. A lossy candidate is judged on the
+    teacher-forced gates where they are set and were measured; its text gates are then reported."""
     check_same_traffic(control, candidate)
-    results = [_quality_gate(m, margin, control, candidate, gate)
-               for m, margin in gate.quality_margins_rel.items()]
+    quality = [_quality_gate(m, margin, control, candidate, gate) for m, margin in gate.quality_margins_rel.items()]
+    agreement = [_agreement_gate(m, floor, candidate) for m, floor in gate.control_agreement_min.items()]
+    tf = [] if candidate_lossless else _teacher_forced_gates(candidate, gate)
+    tf_measured = candidate.teacher_forced is not None and not candidate.teacher_forced.unavailable
+    if tf and tf_measured:
+        why = "a lossy candidate is decided by the teacher-forced gates"
+        _reported(quality, f"{why}; a non-inferiority check decides only by failing", unless_failed=True)
+        _reported(agreement, f"{why}; a lossy change rewrites some answers")
+    results = quality
     if candidate_lossless:
         results.append(_exact_match_gate(candidate, gate.min_exact_match_lossless))
-    results += [_agreement_gate(m, floor, candidate) for m, floor in gate.control_agreement_min.items()]
+    results += agreement
     results += [_relative_gate("latency_gain", m, -gain, control, candidate, gate)
                 for m, gain in gate.latency_gains.items()]
     results += [_relative_gate("latency_max_regression", m, reg, control, candidate, gate)
                 for m, reg in gate.latency_max_regression.items()]
     results += [_ceiling_gate(m, ceiling, control, candidate)
                 for m, ceiling in gate.memory_ceilings_gb.items()]
+    results += tf
     if not results:
         # An empty gate config checks nothing; passing it would promote anything.
         results.append(GateResult("config", "", "inconclusive", "no gates configured: nothing was "
                                   "checked", None, None))
-    statuses = {r.status for r in results}
+    statuses = {r.status for r in results if r.decides}
     status: Status = "fail" if "fail" in statuses else (
         "inconclusive" if "inconclusive" in statuses else "pass")
     return Verdict(status, results, EXIT_CODES[status], control.name, candidate.name)
@@ -250,5 +280,6 @@ def verdict_table(verdict: Verdict) -> str:
     """The verdict and each gate on a line of its own, for the terminal."""
     lines = [f"verdict: {verdict.status.upper()} (exit {verdict.exit_code})"]
     for g in verdict.gates:
-        lines.append(f"  [{g.status:>12}] {g.gate}:{g.metric}  {g.reason}")
+        status = g.status if g.decides else f"{g.status}, rep."
+        lines.append(f"  [{status:>12}] {g.gate}:{g.metric}  {g.reason}")
     return "\n".join(lines)

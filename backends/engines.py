@@ -12,6 +12,7 @@ from backends.faults import FaultConfig, FaultyEngine
 from backends.profiling import ProfiledEngine
 from engine.config import ENGINES, EngineConfig, ModelConfig
 from engine.sequence import SamplingParams
+from quality.teacher_forced import TokenLogprobs
 from traffic.replay import InProcessDriver
 from traffic.replay_config import DRIVERS, Pacing, ReplayConfig
 from traffic.request import Request, RequestRecord
@@ -29,6 +30,7 @@ class Backend(Protocol):
     def generate(self, prompts: list[list[int]], max_new_tokens: int, progress: bool) -> list[str]: ...
     def metrics(self) -> dict[str, float]: ...
     def opts_effective(self) -> dict[str, dict]: ...
+    def score(self, token_ids_list: list[list[int]], starts: list[int]) -> list[TokenLogprobs]: ...
     def close(self) -> None: ...
 
 
@@ -103,6 +105,11 @@ class ReferenceBackend:
     def opts_effective(self):
         return self.engine.opts_effective()
 
+    def score(self, token_ids_list: list[list[int]], starts: list[int]) -> list[TokenLogprobs]:
+        """Teacher forcing: the full next-token distribution at every position from start on."""
+        lps = self.engine.score(token_ids_list, starts)
+        return [TokenLogprobs.from_full(lp.numpy(), ids[st:]) for lp, ids, st in zip(lps, token_ids_list, starts)]
+
     def close(self) -> None:
         self.engine = self.stepper = None
 
@@ -143,6 +150,10 @@ class HFBackend:
 
     def opts_effective(self):
         return self.engine.opts_effective()
+
+    def score(self, token_ids_list: list[list[int]], starts: list[int]) -> list[TokenLogprobs]:
+        lps = self.engine.score(token_ids_list, starts)
+        return [TokenLogprobs.from_full(lp, ids[st:]) for lp, ids, st in zip(lps, token_ids_list, starts)]
 
     def close(self) -> None:
         self.engine.close()
@@ -196,6 +207,13 @@ class _HttpBackend:
     def opts_effective(self):
         return self.server.opts_effective()
 
+    def score(self, token_ids_list: list[list[int]], starts: list[int]) -> list[TokenLogprobs]:
+        """Top-k log-probs only (backends/scoring.py): the KL built on them is approximate."""
+        from backends.scoring import prompt_logprobs
+
+        return prompt_logprobs(self.server.url, self.server.model, token_ids_list, starts, self.api_key,
+                               concurrency=self.concurrency)
+
 
 class VLLMBackend(_HttpBackend):
     """`vllm serve` started for this run and stopped with it (backends/vllm_server.py)."""
@@ -247,6 +265,9 @@ def make_backend(model_cfg: ModelConfig, engine_cfg: EngineConfig, driver: str =
     if tp != 1 and name != "vllm":
         raise ValueError(f"engine.server.tensor_parallel_size={tp}: tensor parallelism runs through engine=vllm "
                          f"only; engine={name} runs the model on one device (set it to 1)")
+    if model_cfg.damage and name in ("vllm", "openai"):
+        raise ValueError(f"model.damage={model_cfg.damage!r} is applied to weights this process loads; engine={name} "
+                         "loads its own: use engine=reference or engine=hf")
     if name == "reference":
         return ReferenceBackend(model_cfg, engine_cfg, driver, faults)
     if faults is not None and faults.any:

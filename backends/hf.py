@@ -54,7 +54,11 @@ def opt_mappings(cfg: EngineConfig, device_type: str) -> list[OptMapping]:
 def load_hf_model(model_cfg: ModelConfig, dtype: torch.dtype, device: torch.device, attn: str, seed: int):
     from transformers import AutoModelForCausalLM, LlamaConfig
 
+    from engine.damage import damage_model, parse_damage
     from engine.loader import converted_dir, model_shape
+
+    if model_cfg.damage:  # a bad spec is refused before a weight loads
+        parse_damage(model_cfg.damage, model_shape(model_cfg).num_hidden_layers)
 
     if model_cfg.source == "random":  # transformers' own init: random like ours, but not the same numbers
         s = model_shape(model_cfg)
@@ -68,6 +72,8 @@ def load_hf_model(model_cfg: ModelConfig, dtype: torch.dtype, device: torch.devi
         model = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation=attn)
     else:
         model = AutoModelForCausalLM.from_pretrained(converted_dir(model_cfg), dtype=dtype, attn_implementation=attn)
+    if model_cfg.damage:
+        damage_model(model.model.layers, model_cfg.damage)
     return model.to(device).eval()
 
 
@@ -152,6 +158,16 @@ class HFEngine:
                     if progress is not None:
                         progress.update(1)
         return texts
+
+    @torch.inference_mode()
+    def score(self, token_ids_list: list[list[int]], starts: list[int]) -> list:
+        """Teacher forcing, between requests: log-probs [len - start, vocab] (float32 numpy) of each sequence's
+        tokens from start on, one forward a sequence."""
+        out = []
+        for ids, start in zip(token_ids_list, starts):
+            logits = self.model(torch.tensor([ids], device=self.device)).logits[0, start - 1:-1]
+            out.append(torch.log_softmax(logits.float(), dim=-1).cpu().numpy())
+        return out
 
     # --- measurements ---
     def reset_stats(self) -> None:

@@ -41,7 +41,7 @@ class OpenAIEndpoint:
         self.start_s = time.perf_counter() - t0
         log.warning(WARNING)
         self._effective = collect([
-            OptMapping(name, getattr(engine_cfg, spec.field), METADATA, None,
+            OptMapping(name, bool(getattr(engine_cfg, spec.field)), METADATA, None,
                        "recorded from our config; the endpoint's own setting is unknown")
             for name, spec in OPTS.items()])[2]
 

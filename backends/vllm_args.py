@@ -15,8 +15,11 @@ from backends.opt_map import ALWAYS_ON, FIXED, MAPPED, OptMapping, collect, refu
 from engine.config import EngineConfig
 
 GIB = 1 << 30
+# quant_int8 is not here: vLLM has no weight-only int8 for an unquantized checkpoint (its int8 paths load
+# checkpoints quantized ahead of time), so it is refused rather than silently run in the model dtype
 SUPPORTED = ("paged_kv", "flash_attn", "dynamic_batching", "batched_decode", "cuda_graphs", "prefix_cache",
-             "chunked_prefill", "fused_kernels")  # skinny_gemm: vLLM has no switch for its GEMM kernels
+             "chunked_prefill", "fused_kernels", "speculative",  # skinny_gemm: vLLM has no switch for its GEMM kernels
+             "quant_fp8", "kv_fp8")
 CPU_BLOCK_MULTIPLE = 32  # vLLM's CPU_ATTN kernel takes block sizes that are multiples of 32 only
 # vLLM has no unfused attention: with flash_attn off on CUDA it runs its Triton paged kernel instead
 CUDA_ATTENTION = {True: "FLASH_ATTN", False: "TRITON_ATTN"}
@@ -50,6 +53,7 @@ def opt_mappings(cfg: EngineConfig, device_type: str) -> list[OptMapping]:
     if cpu and cfg.cuda_graphs:
         raise ValueError("opt cuda_graphs on engine=vllm needs CUDA, but vLLM runs on cpu here: drop +opt=cuda_graphs")
     maps = [
+        speculative_mapping(cfg, "speculative" in want),
         OptMapping("paged_kv", "paged_kv" in want, ALWAYS_ON, True,
                    "vLLM's KV cache is always paged (PagedAttention); block size from engine.block_size",
                    ["--block-size", str(cfg.block_size)], extra={"block_size": cfg.block_size}),
@@ -69,6 +73,15 @@ def opt_mappings(cfg: EngineConfig, device_type: str) -> list[OptMapping]:
                    "prompts and decodes in one step (it has no prompt-only steps), it only stops cutting prompts",
                    ["--enable-chunked-prefill" if cfg.chunked_prefill else "--no-enable-chunked-prefill"]),
     ]
+    # quant_fp8 is CUDA only: refused on a CPU with the other CUDA-only opts (engine/validation.py)
+    maps.append(OptMapping("quant_fp8", "quant_fp8" in want, MAPPED, cfg.quant_fp8,
+                           "--quantization fp8 when on (vLLM quantizes the checkpoint's weights to FP8 E4M3 as they "
+                           "load, with its own scales; ours: one per output channel); off: the checkpoint's dtype",
+                           ["--quantization", "fp8"] if cfg.quant_fp8 else []))
+    maps.append(OptMapping("kv_fp8", "kv_fp8" in want, MAPPED, cfg.kv_fp8,
+                           "--kv-cache-dtype fp8 when on (vLLM keeps one scale per layer, 1.0 unless the checkpoint "
+                           "carries calibrated ones; ours: one per token and head); off: the model dtype",
+                           ["--kv-cache-dtype", "fp8"] if cfg.kv_fp8 else []))
     if cpu:
         maps += [
             OptMapping("flash_attn", "flash_attn" in want, ALWAYS_ON, True,
@@ -95,6 +108,27 @@ def opt_mappings(cfg: EngineConfig, device_type: str) -> list[OptMapping]:
                        "--enforce-eager in engine.server.extra_args turns it off"),
         ]
     return maps
+
+
+def speculative_mapping(cfg: EngineConfig, requested: bool) -> OptMapping:
+    """method ngram -> --speculative-config {"method": "ngram", ...}: vLLM's prompt lookup (its own lookup
+    rules: it does not continue a match into its drafts). vLLM has no draft from the target's own first layers
+    and no switch to stop speculating above a batch size, so those are refused; off passes nothing (vLLM's
+    default is no speculation)."""
+    spec = cfg.speculative
+    if not spec:
+        return OptMapping("speculative", False, MAPPED, False, "no --speculative-config: vLLM does not speculate")
+    if spec.method != "ngram":
+        raise ValueError(f"engine.speculative.method={spec.method!r} has no vLLM equivalent (vLLM drafts from "
+                         "n-grams, a separate draft model or trained heads, not the target's first layers): on "
+                         "engine=vllm use engine.speculative.method=ngram")
+    if spec.disable_by_batch_size is not None:
+        raise ValueError(f"engine.speculative.disable_by_batch_size={spec.disable_by_batch_size}: vLLM has no "
+                         "such switch; set it to null on engine=vllm")
+    sc = {"method": "ngram", "num_speculative_tokens": spec.num_draft_tokens,
+          "prompt_lookup_max": spec.ngram_max, "prompt_lookup_min": spec.ngram_min}
+    return OptMapping("speculative", requested, MAPPED, True, "--speculative-config with method ngram",
+                      ["--speculative-config", json.dumps(sc)], extra={"speculative_config": sc})
 
 
 def kv_cache_settings(cfg: EngineConfig, device_type: str) -> tuple[list[str], dict[str, str]]:

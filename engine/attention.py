@@ -24,6 +24,8 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
+from engine.kv_quant import QuantKV
+
 
 @dataclass
 class AttnMeta:
@@ -61,6 +63,10 @@ def packed(parts: list[list[int]], dtype: torch.dtype, device: torch.device) -> 
 
 def store_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
              slot_mapping: torch.Tensor) -> None:
+    if isinstance(k_cache, QuantKV):  # kv_fp8: quantized as it is written
+        k_cache.store(k, slot_mapping)
+        v_cache.store(v, slot_mapping)
+        return
     kvh, d = k.shape[1], k.shape[2]
     k_cache.view(-1, kvh, d).index_copy_(0, slot_mapping, k)
     v_cache.view(-1, kvh, d).index_copy_(0, slot_mapping, v)
@@ -68,6 +74,8 @@ def store_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: t
 
 def gather_kv(cache: torch.Tensor, block_tables: torch.Tensor, max_len: int) -> torch.Tensor:
     """[num_blocks, block_size, kvh, d] -> [B, max_len, kvh, d] for the sequences' block tables."""
+    if isinstance(cache, QuantKV):  # kv_fp8: dequantized to the model dtype
+        return cache.gather(block_tables, max_len)
     bs = cache.shape[1]
     nb = (max_len + bs - 1) // bs
     if nb == 1:  # contiguous KV: one block per sequence, cut to the longest context first

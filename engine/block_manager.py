@@ -27,6 +27,7 @@ class KVLayout:
 
     block_size: int
     num_blocks: int
+    fp8: bool = False  # kv_fp8: E4M3 values with a scale per token and head (engine/kv_quant.py)
 
 
 class Block:
@@ -92,12 +93,15 @@ class BlockManager:
         self.blocks_allocated_total += 1
         return block
 
-    def _release(self, block: Block) -> None:
+    def _release(self, block: Block, front: bool = False) -> None:
         block.ref_count -= 1
         assert block.ref_count >= 0
         if block.ref_count == 0:
             self.used_tokens -= block.num_tokens
-            self.free_block_ids.append(block.block_id)  # keeps hash and tokens for later reuse
+            if front:  # nothing to keep: taken again before any block that holds a reusable prefix
+                self.free_block_ids.appendleft(block.block_id)
+            else:
+                self.free_block_ids.append(block.block_id)  # keeps hash and tokens for later reuse
 
     # --- admission ---
     def _cacheable_blocks(self, seq: Sequence) -> int:
@@ -142,19 +146,43 @@ class BlockManager:
         seq.block_table = []
         seq.num_cached_tokens = 0
 
-    # --- growth during decode: the step writes the KV of the last token, at position len(seq) - 1 ---
-    def can_append(self, seq: Sequence) -> bool:
-        needs_block = len(seq.block_table) < seq.num_blocks(self.block_size)
-        return not needs_block or self.num_free_blocks > 0
+    # --- growth during decode: the step writes the KV of the last token, at position len(seq) - 1, and with
+    # speculative decoding that of num_tokens - 1 draft tokens after it ---
+    def can_append(self, seq: Sequence, num_tokens: int = 1) -> bool:
+        needs = -(-(len(seq) - 1 + num_tokens) // self.block_size) - len(seq.block_table)
+        return needs <= self.num_free_blocks
 
-    def may_append(self, seq: Sequence) -> None:
-        bs = self.block_size
-        if len(seq.block_table) < seq.num_blocks(bs):
+    def may_append(self, seq: Sequence, num_tokens: int = 1) -> None:
+        end = len(seq) - 1 + num_tokens  # positions [len(seq) - 1, end) are written
+        while len(seq.block_table) * self.block_size < end:
             seq.block_table.append(self._take_fresh().block_id)
-        last = self.blocks[seq.block_table[-1]]
-        filled = (len(seq) - 1) % bs + 1
-        self.used_tokens += filled - last.num_tokens
-        last.num_tokens = filled
+        self._fill(seq, len(seq) - 1, end)
+
+    def _fill(self, seq: Sequence, start: int, end: int) -> None:
+        """Slots up to `end` hold KV in the blocks that cover positions [start, end)."""
+        bs = self.block_size
+        for i in range(start // bs, -(-end // bs)):
+            block = self.blocks[seq.block_table[i]]
+            filled = min(bs, end - i * bs)
+            self.used_tokens += filled - block.num_tokens
+            block.num_tokens = filled
+
+    def rollback(self, seq: Sequence) -> None:
+        """Speculative decoding: after verification only seq.num_computed_tokens positions hold KV that is
+        kept; the blocks beyond them (taken for drafts that were rejected, or never proposed) go back to the
+        pool, first in line, since they hold nothing worth keeping for prefix reuse, and the last block's fill
+        drops to the accepted tokens. The table is then exactly what one-token steps would have built."""
+        bs, n = self.block_size, seq.num_computed_tokens
+        keep = -(-n // bs)
+        while len(seq.block_table) > keep:
+            block = self.blocks[seq.block_table.pop()]
+            assert block.hash == -1 and block.ref_count == 1, "a draft slot is never in a shared or cached block"
+            self._release(block, front=True)
+        if keep:
+            last = self.blocks[seq.block_table[-1]]
+            filled = n - (keep - 1) * bs
+            self.used_tokens += filled - last.num_tokens
+            last.num_tokens = filled
 
     # --- the step being scheduled writes KV: the blocks it fills become reusable by prefix ---
     def register_full_blocks(self, seq: Sequence, upto: int) -> None:

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 ENGINES = ("reference", "vllm", "hf", "openai")
+SPEC_METHODS = ("none", "ngram", "draft_layers")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 DEVICES = ("auto", "cpu", "cuda")
 
@@ -43,6 +44,9 @@ class ModelConfig:
     max_position_embeddings: int = 8192
     tie_word_embeddings: bool = True
     init_std: float = 0.02
+    # a deliberately damaged model, to show that the quality gates catch one (engine/damage.py):
+    # null, round_bits:<b> (every decoder weight rounded to b bits per row) or zero_layer:<i>
+    damage: Optional[str] = None
 
 
 @dataclass
@@ -63,6 +67,41 @@ class ServerConfig:
     def __post_init__(self) -> None:
         if self.tensor_parallel_size < 1:
             raise ValueError(f"engine.server.tensor_parallel_size={self.tensor_parallel_size}: must be >= 1")
+
+
+@dataclass
+class SpeculativeConfig:
+    """Speculative decoding (`speculative`): each step, up to num_draft_tokens drafts a sequence, verified
+    in one forward pass; greedy verification keeps the outputs exactly, sampling uses rejection sampling.
+    The switch is on when method is not `none` (truthy then, like the boolean switches: engine/opts.py).
+
+    method: `ngram` (prompt lookup: the tokens that followed the latest earlier occurrence of the sequence's
+    last ngram_max..ngram_min tokens) or `draft_layers` (the model's first num_draft_layers layers with its
+    final norm and head). disable_by_batch_size: speculate only while at most this many sequences run
+    (None: always), since verifying drafts costs compute a large batch has no room for."""
+
+    method: str = "none"
+    num_draft_tokens: int = 4
+    ngram_max: int = 3
+    ngram_min: int = 1
+    num_draft_layers: int = 8
+    disable_by_batch_size: Optional[int] = None
+
+    def __post_init__(self) -> None:
+        if self.method not in SPEC_METHODS:
+            raise ValueError(f"engine.speculative.method={self.method!r} is not one of {list(SPEC_METHODS)}")
+        for name in ("num_draft_tokens", "ngram_min", "num_draft_layers"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"engine.speculative.{name} must be >= 1, got {getattr(self, name)}")
+        if self.ngram_max < self.ngram_min:
+            raise ValueError(f"engine.speculative.ngram_max={self.ngram_max} must be >= "
+                             f"engine.speculative.ngram_min={self.ngram_min}")
+        if self.disable_by_batch_size is not None and self.disable_by_batch_size < 1:
+            raise ValueError(f"engine.speculative.disable_by_batch_size must be >= 1 (or null: always), "
+                             f"got {self.disable_by_batch_size}")
+
+    def __bool__(self) -> bool:
+        return self.method != "none"
 
 
 @dataclass
@@ -93,5 +132,10 @@ class EngineConfig:
     skinny_gemm: bool = False
     prefix_cache: bool = False
     chunked_prefill: bool = False
+    # lossy: weight-only int8 / FP8 E4M3 weights with per-channel scales (engine/quant.py)
+    quant_int8: bool = False
+    quant_fp8: bool = False
+    kv_fp8: bool = False  # the KV cache in FP8 E4M3, one scale per token and head (engine/kv_quant.py)
+    speculative: SpeculativeConfig = field(default_factory=SpeculativeConfig)
     # engines reached over HTTP
     server: ServerConfig = field(default_factory=ServerConfig)

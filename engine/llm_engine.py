@@ -2,8 +2,10 @@
 
 The engine's switches are read here, once each, and handed down as what they decide: paged_kv as the KV
 layout, flash_attn as the attention backend, cuda_graphs / fused_kernels / skinny_gemm as the decode step's
-graphs and kernels, prefix_cache to the block manager, batched_decode to the detokenizer. The scheduler
-takes the config itself and reads dynamic_batching and chunked_prefill (engine/scheduler.py).
+graphs and kernels, prefix_cache to the block manager, batched_decode to the detokenizer, quant_int8 /
+quant_fp8 as the weights' quantization (engine/quant.py), kv_fp8 as the KV layout's format, speculative to
+a Speculator (drafts and their acceptance) and the scheduler's draft slots. The scheduler takes the config
+itself and reads dynamic_batching and chunked_prefill (engine/scheduler.py).
 """
 from __future__ import annotations
 
@@ -18,12 +20,15 @@ from engine.attention import make_backend
 from engine.block_manager import BlockManager, KVLayout
 from engine.config import EngineConfig, ModelConfig
 from engine.detokenizer import Detokenizer
+from engine.kv_quant import kv_fp8_bytes_per_token
 from engine.loader import load_model, load_tokenizer, model_shape, resolve_device, resolve_dtype
 from engine.model import DecodeKernels
 from engine.model_runner import ModelRunner, kv_bytes_per_token
 from engine.opts import enabled_opts
+from engine.quant import linear_dims, quant_method, quantize_model, validate_quant
 from engine.scheduler import Scheduler
 from engine.sequence import SamplingParams, Sequence
+from engine.speculative import Speculator, validate_speculative
 from engine.stats import KVTimeline, StageTimers, StepStats
 from engine.validation import validate_engine, validate_head_dim
 
@@ -58,29 +63,37 @@ class LLMEngine:
         # everything that can be refused from the model's shape alone is refused before a weight loads
         shape = model_shape(model_cfg)
         validate_head_dim(cfg, self.device.type, shape.head_dim)
+        self.quant_method = quant_method(cfg)
+        validate_quant(self.quant_method, cfg.dtype, self.device, linear_dims(shape))
         if cfg.max_model_len > shape.max_position_embeddings:
             raise ValueError(f"engine.max_model_len={cfg.max_model_len} exceeds the model's "
                              f"max_position_embeddings={shape.max_position_embeddings}")
+        spec = cfg.speculative  # read here: the Speculator below, and the scheduler's draft slots
+        validate_speculative(spec, shape, cfg.max_model_len)
         # paged_kv is read here: contiguous KV is one max_model_len block per sequence
         self.block_size = cfg.block_size if cfg.paged_kv else cfg.max_model_len
-        self.bytes_per_token = kv_bytes_per_token(shape, self.dtype)
+        self.kv_fp8 = cfg.kv_fp8  # read here: the budget's bytes per token and the runner's cache format
+        self.bytes_per_token = kv_fp8_bytes_per_token(shape) if self.kv_fp8 else kv_bytes_per_token(shape, self.dtype)
         if cfg.kv_cache_gb is not None:
             self._num_blocks()
         t0 = time.perf_counter()
         self.tokenizer = load_tokenizer(model_cfg)
         self.model = load_model(model_cfg, self.device, self.dtype, seed=cfg.seed)
+        self.quant = quantize_model(self.model, self.quant_method)
         self._sync()
         self.load_s = time.perf_counter() - t0
         num_blocks = self._num_blocks()  # a fraction of free memory is known only once the weights are in
         self.block_manager = BlockManager(num_blocks, self.block_size, enable_prefix_cache=cfg.prefix_cache)
         self.runner = ModelRunner(
-            self.model, self.device, self.dtype, KVLayout(self.block_size, num_blocks),
+            self.model, self.device, self.dtype, KVLayout(self.block_size, num_blocks, fp8=self.kv_fp8),
             make_backend(cfg.flash_attn, self.device, shape.num_attention_heads, shape.num_key_value_heads),
             DecodeKernels(fused=cfg.fused_kernels, skinny=cfg.skinny_gemm),
             graph_max_batch=max(cfg.batch_size, cfg.max_num_seqs) if cfg.cuda_graphs else None,
             max_model_len=cfg.max_model_len)
         eos = self.tokenizer.eos_token_id
-        self.scheduler = Scheduler(cfg, self.block_manager, tuple(eos if isinstance(eos, list) else [eos]))
+        self.scheduler = Scheduler(cfg, self.block_manager, tuple(eos if isinstance(eos, list) else [eos]),
+                                   speculative=spec if spec else None)
+        self.speculator = Speculator(spec, self.runner) if spec else None
         self.detokenizer = Detokenizer(self.tokenizer, batched=cfg.batched_decode)
         self.timers = StageTimers()
         self.step_stats = StepStats()
@@ -149,27 +162,42 @@ class LLMEngine:
             batch = self.scheduler.schedule(time.monotonic())
         if batch is None:
             return []
+        if self.speculator is not None and any(batch.lookahead):
+            with t.time("draft", self._sync):
+                self.speculator.propose(batch)
         decode_tokens = batch.num_decode_tokens
         prefill_tokens = batch.num_tokens - decode_tokens
         stage = "decode" if not prefill_tokens else "prefill" if not decode_tokens else "mixed"
+        if stage == "decode" and batch.has_drafts:
+            stage = "verify"
         t0 = time.perf_counter()
         with t.time(stage, self._sync):
             logits = self.runner.forward(batch)
         self.step_stats.record(prefill_tokens, decode_tokens, time.perf_counter() - t0,
                                self.scheduler.decodes_waiting)
-        sampled = batch.sampled_seqs
+        sampled, drafts = batch.sampled_seqs, batch.sampled_drafts
         with t.time("sample"):
-            token_ids = self.detokenizer.to_host(self.runner.sample(logits, sampled))
+            token_ids = self.detokenizer.to_host(self.runner.sample(logits, sampled, drafts))
+            if self.speculator is not None:
+                token_ids = self.speculator.accept(drafts, token_ids)
         now = time.monotonic()
+        before = [len(s) for s in sampled]
         finished = {s.seq_id for s in self.scheduler.postprocess(batch, token_ids)}
         with t.time("detokenize"):
             texts = self.detokenizer.update(sampled)
         events = []
-        for seq, tok, text in zip(sampled, token_ids, texts):
-            if seq.seq_id in finished:
+        for seq, n, text in zip(sampled, before, texts):
+            done = seq.seq_id in finished
+            if done:
                 self.runner.release(seq)
-            events.append(TokenEvent(seq.request_id, tok, text, now, seq.seq_id in finished, seq.finish_reason,
-                                     seq.num_output_tokens, seq.num_preemptions))
+                if self.speculator is not None:
+                    self.speculator.release(seq)
+            # one event per token; a step that emitted several (accepted drafts) puts its text on the last
+            for i in range(n, len(seq)):
+                last = i == len(seq) - 1
+                events.append(TokenEvent(seq.request_id, seq.token_ids[i], text if last else "", now, done and last,
+                                         seq.finish_reason if last else None, i + 1 - seq.num_prompt_tokens,
+                                         seq.num_preemptions))
         self._record_memory(now)
         return events
 
@@ -191,6 +219,13 @@ class LLMEngine:
                     progress.update(1)
         return seqs
 
+    def score(self, token_ids_list: list[list[int]], starts: list[int]) -> list[torch.Tensor]:
+        """Teacher forcing, between requests: for each sequence the log-probs [len - start, vocab] (float32,
+        on the host) of its tokens start .. len-1, each given the tokens before it (engine/scoring.py)."""
+        from engine.scoring import score_sequences
+
+        return score_sequences(self, token_ids_list, starts)
+
     # --- measurements ---
     def reset_stats(self) -> None:
         self.timers.reset()
@@ -202,6 +237,8 @@ class LLMEngine:
         sched.num_preemptions, sched.batch_sizes_seen, sched.prompts_split = 0, {}, 0
         bm.blocks_allocated_total = bm.prefix_queries = bm.prefix_hits = 0
         det.host_copies = det.decode_calls = 0
+        if self.speculator is not None:
+            self.speculator.reset()
         if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)
 
@@ -220,6 +257,8 @@ class LLMEngine:
         bm = self.block_manager
         if bm.prefix_queries:
             m["perf/prefix_hit_rate"] = bm.prefix_hits / bm.prefix_queries
+        if self.speculator is not None:
+            m.update(self.speculator.metrics())
         return m
 
     def opts_effective(self) -> dict[str, dict]:
@@ -249,4 +288,10 @@ class LLMEngine:
                                 "prefill_tokens_per_step": round(st.prefill_tokens / max(1, st.steps), 1),
                                 "decode_tokens_per_step": round(st.decode_tokens / max(1, st.steps), 1),
                                 "decode_stall_s": round(st.stall_s, 3)},
+            "quant_int8": {**self.quant.evidence(), "on": self.quant.method == "int8"},
+            "quant_fp8": {**self.quant.evidence(), "on": self.quant.method == "fp8"},
+            "kv_fp8": {"on": self.kv_fp8, "kv_bytes_per_token": self.bytes_per_token,
+                       "model_dtype_kv_bytes_per_token": kv_bytes_per_token(self.model.shape, self.dtype),
+                       "decode_attention": runner.attention_backend},
+            "speculative": self.speculator.evidence() if self.speculator is not None else {"on": False},
         }

@@ -12,6 +12,7 @@ from pathlib import Path
 import torch
 
 from engine.config import DEVICES, DTYPES, ModelConfig
+from engine.damage import damage_model, parse_damage
 from engine.model import LlamaModel, LlamaShape
 from engine.tokenizer import SyntheticTokenizer
 
@@ -102,6 +103,8 @@ def model_shape(cfg: ModelConfig) -> LlamaShape:
 
 def load_model(cfg: ModelConfig, device: torch.device, dtype: torch.dtype, seed: int = 0) -> LlamaModel:
     shape = model_shape(cfg)
+    if cfg.damage:  # a bad spec is refused before a weight loads
+        parse_damage(cfg.damage, shape.num_hidden_layers)
     prev = torch.get_default_dtype()
     torch.set_default_dtype(dtype)  # build in the target dtype: an 8B model never exists in float32
     try:
@@ -123,6 +126,8 @@ def load_model(cfg: ModelConfig, device: torch.device, dtype: torch.dtype, seed:
         for f in sorted(d.glob("*.safetensors")):
             sd.update(load_file(f, device=str(device)))
         model.load_hf_state_dict({k: v.to(dtype) for k, v in sd.items()})
+    if cfg.damage:
+        damage_model(model.layers, cfg.damage)
     return model.eval()
 
 

@@ -12,11 +12,13 @@ graphs of engine/cuda_graphs.py. It needs Triton, so a CUDA device or Triton's i
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import islice
 
 import torch
 from torch import nn
 
 from engine.attention import AttnMeta, store_kv
+from engine.kv_quant import QuantKV, rope_store_kv_fp8
 
 
 @dataclass(frozen=True)
@@ -128,14 +130,15 @@ class DecoderLayer(nn.Module):
         from engine.kernels.gemv import decode_linear
 
         def linear(mod: nn.Linear, h, silu_mul=False):
-            if skinny:
+            if skinny and isinstance(mod, nn.Linear):  # a quantized layer (engine/quant.py) runs its own kernel
                 return decode_linear(h, mod.weight, silu_mul)
             return fused.silu_mul(mod(h)) if silu_mul else mod(h)
 
         t = x.shape[0]
         h, residual = fused.add_rmsnorm(x, residual, self.input_layernorm.weight, self.input_layernorm.eps)
-        q = fused.rope_store_kv(linear(self.qkv_proj, h), positions, rotary.cos, rotary.sin, meta.slot_mapping,
-                                self.k_cache, self.v_cache, self.nh, self.nkv, self.hd)
+        store = rope_store_kv_fp8 if isinstance(self.k_cache, QuantKV) else fused.rope_store_kv  # kv_fp8
+        q = store(linear(self.qkv_proj, h), positions, rotary.cos, rotary.sin, meta.slot_mapping,
+                  self.k_cache, self.v_cache, self.nh, self.nkv, self.hd)
         # a varlen step reaches here only when its attention reads K/V from the cache (model_runner.py)
         o = attn.prefill(q, None, None, meta, self.k_cache, self.v_cache) if meta.is_prefill else \
             attn.decode(q, meta, self.k_cache, self.v_cache)
@@ -159,23 +162,25 @@ class LlamaModel(nn.Module):
 
     @torch.inference_mode()
     def forward(self, input_ids, positions, meta: AttnMeta, logits_indices, attn=None,
-                fused: bool = False, skinny: bool = False) -> torch.Tensor:
+                fused: bool = False, skinny: bool = False, num_layers: int | None = None) -> torch.Tensor:
         """input_ids/positions [T] -> float32 logits [len(logits_indices), vocab].
         attn: an attention backend other than self.attn (the graph-safe decode of engine/cuda_graphs.py);
         fused: through the fused kernels (a decode step, or a varlen step whose attention reads the cache);
-        skinny: and the linear layers of up to 16 rows through the skinny-GEMM kernel."""
+        skinny: and the linear layers of up to 16 rows through the skinny-GEMM kernel;
+        num_layers: only the first layers, then the final norm and head (speculative decoding's draft)."""
         attn = attn or self.attn
         x = self.embed_tokens(input_ids)
+        layers = self.layers if num_layers is None else islice(self.layers, num_layers)
         if fused:
             from engine.kernels.fused import add_rmsnorm
             from engine.kernels.gemv import decode_linear
 
             residual = None
-            for layer in self.layers:
+            for layer in layers:
                 x, residual = layer.forward_fused(x, residual, positions, meta, self.rotary, attn, skinny)
             x = add_rmsnorm(x, residual, self.norm.weight, self.norm.eps)[0][logits_indices]
             return (decode_linear(x, self.lm_head.weight) if skinny else self.lm_head(x)).float()
-        for layer in self.layers:
+        for layer in layers:
             x = layer(x, positions, meta, self.rotary, attn)
         return self.lm_head(self.norm(x[logits_indices])).float()
 

@@ -7,6 +7,14 @@ A step is a `Batch` (engine/scheduler.py): each sequence computes its next `num_
 - anything else (whole prompts, prompt chunks, or chunks mixed with decode rows): the varlen path, each
   sequence's queries the last positions of its context, attention over the paged cache.
 Logits come back only for the sequences that get a token this step (a prompt chunk gets none).
+
+Speculative decoding: a decode row with k drafts computes k + 1 tokens and returns k + 1 logits rows (the
+target's next-token distribution after its newest token and after each draft). In a step of decode rows
+only, each of those tokens is a query row of its own whose context ends at its position (every layer stores
+the step's K/V before it attends, so a draft sees the ones before it): a verify step is a decode step of
+more rows, and replays the decode graphs like one. In a step with prompt tokens, the row's k + 1 queries go
+through the varlen path. The draft of `draft_layers` runs decode rows through the first layers only
+(`draft_logits`), eagerly.
 """
 from __future__ import annotations
 
@@ -15,6 +23,7 @@ import torch
 
 from engine.attention import AttnMeta, packed
 from engine.block_manager import KVLayout
+from engine.kv_quant import QuantKV
 from engine.model import DecodeKernels, LlamaModel, LlamaShape
 from engine.scheduler import Batch
 from engine.sequence import SamplingParams, Sequence
@@ -38,6 +47,10 @@ class ModelRunner:
         pool_blocks = layout.num_blocks + (graph_max_batch is not None)
         for layer in model.layers:
             # zeros, not empty: masked-out slots are multiplied by 0 in attention, and 0 * NaN is NaN
+            if layout.fp8:  # kv_fp8, as the engine decided: E4M3 values with scales (engine/kv_quant.py)
+                layer.k_cache, layer.v_cache = (QuantKV.zeros(pool_blocks, layout.block_size, s.num_key_value_heads,
+                                                              s.head_dim, dtype, device) for _ in range(2))
+                continue
             layer.k_cache = torch.zeros(pool_blocks, layout.block_size, s.num_key_value_heads, s.head_dim,
                                         dtype=dtype, device=device)
             layer.v_cache = torch.zeros_like(layer.k_cache)
@@ -81,19 +94,20 @@ class ModelRunner:
 
     def prepare_varlen(self, batch: Batch):
         """Token ids, positions, attention metadata and the rows whose logits are needed, for a step of
-        variable-length queries (each sequence's next num_new_tokens tokens)."""
+        variable-length queries (each sequence's next num_new_tokens tokens, and its drafts)."""
         ids: list[int] = []
         pos: list[int] = []
         slots: list[int] = []
-        q_lens, ctx_lens, last = batch.num_new_tokens, [], []
-        for seq, n, sample in zip(batch.seqs, q_lens, batch.samples):
-            start = seq.num_computed_tokens
-            ids += seq.token_ids[start:start + n]
-            pos += range(start, start + n)
-            slots += self._slots(seq, start, start + n)
-            ctx_lens.append(start + n)
-            if sample:
-                last.append(len(ids) - 1)
+        q_lens, ctx_lens, last = [], [], []
+        for seq, n, drafts, sample in zip(batch.seqs, batch.num_new_tokens, batch.drafts, batch.samples):
+            start, q = seq.num_computed_tokens, n + len(drafts)
+            ids += seq.token_ids[start:start + n] + drafts
+            pos += range(start, start + q)
+            slots += self._slots(seq, start, start + q)
+            q_lens.append(q)
+            ctx_lens.append(start + q)
+            if sample:  # the newest token's logits, and each draft's
+                last += range(len(ids) - 1 - len(drafts), len(ids))
         ids_d, pos_d, slots_d, ctx_d, last_d = packed([ids, pos, slots, ctx_lens, last], torch.long, self.device)
         meta = AttnMeta(True, slots_d, self._block_tables(batch.seqs), ctx_d, max(ctx_lens), list(q_lens), ctx_lens)
         plan = getattr(self.model.attn, "plan", None)
@@ -119,51 +133,104 @@ class ModelRunner:
             ctx.append(p + 1)
         return ids, pos, slots, ctx
 
-    def prepare_decode(self, seqs: list[Sequence]):
-        ids, pos, slots, ctx = self._decode_inputs(seqs)
+    def _query_rows(self, seqs: list[Sequence], tokens: list[int], positions: list[int]):
+        """One decode query row per (sequence, token, position): the token's KV goes to its position's slot
+        and its context ends there. A sequence may own several rows (its newest token and its drafts)."""
+        bs = self.block_size
+        slots = [s.block_table[p // bs] * bs + p % bs for s, p in zip(seqs, positions)]
+        return tokens, positions, slots, [p + 1 for p in positions]
+
+    def prepare_decode(self, seqs: list[Sequence], rows=None):
+        """rows: (ids, positions, slots, context lens) of each query row, one row per sequence of `seqs`;
+        default: each sequence's newest token."""
+        ids, pos, slots, ctx = rows or self._decode_inputs(seqs)
         ids_d, pos_d, slots_d, ctx_d = packed([ids, pos, slots, ctx], torch.long, self.device)
         meta = AttnMeta(False, slots_d, self._block_tables(seqs), ctx_d.to(torch.int32), max(ctx))
         return ids_d, pos_d, meta, torch.arange(len(seqs), device=self.device)
 
     # --- the step ---
     def forward(self, batch: Batch) -> torch.Tensor:
-        """float32 logits [number of sampled sequences, vocab], in the order of batch.sampled_seqs."""
+        """float32 logits [sampled rows, vocab]: for each of batch.sampled_seqs in order, one row, or with
+        drafts one row for its newest token and one for each draft."""
         if not batch.is_decode:
             ids, pos, meta, last = self.prepare_varlen(batch)
             return self.model(ids, pos, meta, last, fused=self._fused_varlen(meta), skinny=self.kernels.skinny)
-        seqs = batch.seqs
+        seqs, rows = self._verify_rows(batch) if batch.has_drafts else (batch.seqs, None)
         if self.graphs is not None:
-            logits = self.graphs.run(*self._decode_inputs(seqs), self._table_rows(seqs))
+            logits = self.graphs.run(*(rows or self._decode_inputs(seqs)), self._table_rows(seqs))
             if logits is not None:
                 return logits
         self.eager_decode_steps += 1
-        return self.model(*self.prepare_decode(seqs), fused=self.kernels.fused, skinny=self.kernels.skinny)
+        return self.model(*self.prepare_decode(seqs, rows), fused=self.kernels.fused, skinny=self.kernels.skinny)
 
-    def sample(self, logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
-        """Next token per sequence, on the device: greedy where temperature is 0, else seeded sampling."""
+    def _verify_rows(self, batch: Batch):
+        """A verify step as a decode step: a query row per token, each sequence's newest and then its drafts."""
+        seqs, tokens, positions = [], [], []
+        for s, drafts in zip(batch.seqs, batch.drafts):
+            for j, tok in enumerate([s.last_token, *drafts]):
+                seqs.append(s)
+                tokens.append(tok)
+                positions.append(len(s) - 1 + j)
+        return seqs, self._query_rows(seqs, tokens, positions)
+
+    def draft_logits(self, seqs: list[Sequence], tokens: list[int], positions: list[int],
+                     num_layers: int) -> torch.Tensor:
+        """float32 logits [len(seqs), vocab] of the model's first num_layers layers (then its final norm and
+        head) for one token a sequence at the given positions, eagerly. It writes those layers' K/V at the
+        positions' slots; the verify step that follows rewrites them with the whole model's."""
+        rows = self._query_rows(seqs, tokens, positions)
+        return self.model(*self.prepare_decode(seqs, rows), num_layers=num_layers)
+
+    def sample(self, logits: torch.Tensor, seqs: list[Sequence], drafts: list[list[int]] | None = None) -> torch.Tensor:
+        """A token per logits row, on the device: greedy where temperature is 0, else seeded sampling.
+        With drafts (each sequence's rows: its newest token's, then one per draft), row j of a sequence
+        sampling at temperature > 0 is draft j when accepted by rejection sampling, else a token drawn from
+        the rest of the distribution (the last row: the extra token): a verified prefix keeps the target
+        distribution exactly. Greedy rows are the argmax, so the drafts equal to it are the accepted ones."""
         out = logits.argmax(dim=-1)
+        row = 0
         for i, seq in enumerate(seqs):
+            d = drafts[i] if drafts else []
             if seq.params.temperature > 0:
-                out[i] = self._sample_one(logits[i], seq)
+                for j in range(len(d) + 1):
+                    out[row + j] = self._sample_one(logits[row + j], seq, d[j] if j < len(d) else None)
+            row += len(d) + 1
         return out
 
-    def _sample_one(self, logits: torch.Tensor, seq: Sequence) -> torch.Tensor:
+    def _sample_one(self, logits: torch.Tensor, seq: Sequence, draft: int | None = None) -> torch.Tensor:
         p: SamplingParams = seq.params
         gen = self.generators.get(seq.seq_id)
         if gen is None:
             gen = torch.Generator(device=self.device)
             gen.manual_seed(p.seed if p.seed is not None else seq.seq_id)
             self.generators[seq.seq_id] = gen
-        logits = logits / p.temperature
-        if p.top_k > 0:
-            kth = torch.topk(logits, min(p.top_k, logits.numel())).values[-1]
-            logits = logits.masked_fill(logits < kth, float("-inf"))
-        probs = torch.softmax(logits, dim=-1)
-        if p.top_p < 1.0:
-            sorted_p, idx = probs.sort(descending=True)
-            drop = sorted_p.cumsum(0) - sorted_p > p.top_p
-            probs = probs.scatter(0, idx, sorted_p.masked_fill(drop, 0.0))
-        return torch.multinomial(probs, 1, generator=gen)[0]
+        return draw(sampling_probs(logits, p), gen, draft)
 
     def release(self, seq: Sequence) -> None:
         self.generators.pop(seq.seq_id, None)
+
+
+def draw(probs: torch.Tensor, gen: torch.Generator, draft: int | None = None) -> torch.Tensor:
+    """A token from `probs`; given a draft, speculative sampling's acceptance: the draft was proposed with
+    certainty (q = 1 at it), so it is kept with probability min(1, p(draft) / q(draft)) = p(draft), else a
+    token is drawn from norm(max(0, p - q)): p with the draft taken out. The token is distributed as p."""
+    if draft is not None:
+        if torch.rand((), device=probs.device, generator=gen) < probs[draft]:
+            return torch.tensor(draft, device=probs.device)
+        probs = probs.clone()
+        probs[draft] = 0.0
+    return torch.multinomial(probs, 1, generator=gen)[0]
+
+
+def sampling_probs(logits: torch.Tensor, p: SamplingParams) -> torch.Tensor:
+    """The distribution a token is drawn from: temperature, then top-k, then top-p."""
+    logits = logits / p.temperature
+    if p.top_k > 0:
+        kth = torch.topk(logits, min(p.top_k, logits.numel())).values[-1]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    probs = torch.softmax(logits, dim=-1)
+    if p.top_p < 1.0:
+        sorted_p, idx = probs.sort(descending=True)
+        drop = sorted_p.cumsum(0) - sorted_p > p.top_p
+        probs = probs.scatter(0, idx, sorted_p.masked_fill(drop, 0.0))
+    return probs

@@ -3,16 +3,23 @@ outputs must not change), and what it needs. conf/opt/<name>.yaml sets the field
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
+
+from engine.config import SpeculativeConfig
 
 
 @dataclass(frozen=True)
 class OptSpec:
+    """on: the field's value that turns the opt on (True for the boolean switches; a nested settings
+    dataclass is truthy when on, so `getattr(cfg, field)` says whether any opt is on)."""
+
     name: str
     field: str
     lossless: bool
     summary: str
     needs: tuple[str, ...] = ()
     cuda_only: bool = False
+    on: Any = True
 
 
 OPTS: dict[str, OptSpec] = {o.name: o for o in (
@@ -30,6 +37,14 @@ OPTS: dict[str, OptSpec] = {o.name: o for o in (
     OptSpec("chunked_prefill", "chunked_prefill", True,
             "every step one token budget: running decodes first, then prompt chunks",
             needs=("paged_kv", "dynamic_batching")),
+    OptSpec("quant_int8", "quant_int8", False, "weight-only int8, one scale per output channel"),
+    OptSpec("quant_fp8", "quant_fp8", False, "FP8 E4M3 weights, one scale per output channel (capability >= 8.9)",
+            cuda_only=True),
+    OptSpec("kv_fp8", "kv_fp8", False, "KV cache in FP8 E4M3, one scale per token and KV head"),
+    # lossless: greedy verification keeps the target's own tokens (sampling: rejection sampling, same distribution)
+    OptSpec("speculative", "speculative", True,
+            "drafts (n-gram prompt lookup, or the model's first layers) verified several tokens a step",
+            on=SpeculativeConfig(method="ngram")),
 )}
 
 
@@ -44,13 +59,14 @@ def is_lossless(opt_names: list[str]) -> bool:
     return all(OPTS[n].lossless for n in opt_names)
 
 
-def switch_configs(include_cuda_only: bool = False) -> dict[str, dict[str, bool]]:
-    """The configs that show what each switch buys: the baseline, each switch alone (with what it needs),
-    and all of them on. Engine field -> True, keyed by a readable name."""
-    out: dict[str, dict[str, bool]] = {"baseline": {}}
-    specs = [o for o in OPTS.values() if include_cuda_only or not o.cuda_only]
+def switch_configs(include_cuda_only: bool = False) -> dict[str, dict[str, Any]]:
+    """The configs that show what each lossless switch buys: the baseline, each switch alone (with what it
+    needs), and all of them on. Engine field -> its on value, keyed by a readable name. Lossy opts
+    (quantization) are left out: these configs must give the baseline's exact outputs."""
+    out: dict[str, dict[str, Any]] = {"baseline": {}}
+    specs = [o for o in OPTS.values() if o.lossless and (include_cuda_only or not o.cuda_only)]
     for spec in specs:
         names = [*spec.needs, spec.name]
-        out["+".join(names)] = {OPTS[n].field: True for n in names}
-    out["all on"] = {o.field: True for o in specs}
+        out["+".join(names)] = {OPTS[n].field: OPTS[n].on for n in names}
+    out["all on"] = {o.field: o.on for o in specs}
     return out

@@ -13,60 +13,31 @@ clock of its own (`now` is passed in).
   comes in the next step). Running decodes never wait behind a long prompt.
 In all three, a sequence that cannot get a KV block preempts the most recently admitted running sequence,
 whose KV is dropped and recomputed later (it goes back to the front of the queue: nothing starves).
+
+Speculative decoding (the engine hands its SpeculativeConfig in, or None): a decoding sequence also gets
+KV slots for up to num_draft_tokens drafts after its newest token (`Batch.lookahead`), last: from the free
+blocks and the token budget that the step's decodes and prompts left (drafts never preempt anyone nor keep
+a prompt out, so under load they get nothing); the engine fills them with drafts and verifies them in the
+step. postprocess appends the accepted tokens and gives the slots of the rest back.
 """
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass, field
 
+from engine.batch import Batch
 from engine.block_manager import BlockManager
-from engine.config import EngineConfig
+from engine.config import EngineConfig, SpeculativeConfig
 from engine.sequence import Sequence, SeqStatus
 
 
-@dataclass
-class Batch:
-    """One step: each sequence computes the KV of its next `num_new_tokens` tokens (from its
-    num_computed_tokens on); the ones whose tokens are then all computed get a new token sampled."""
-
-    seqs: list[Sequence]
-    num_new_tokens: list[int]
-    samples: list[bool] = field(init=False)
-
-    def __post_init__(self) -> None:
-        assert len(self.seqs) == len(self.num_new_tokens) and all(n >= 1 for n in self.num_new_tokens)
-        self.samples = [s.num_computed_tokens + n == len(s) for s, n in zip(self.seqs, self.num_new_tokens)]
-
-    def is_decode_row(self, i: int) -> bool:
-        """One token at the sequence's last position: a decode (or a one-token prompt, which is the same)."""
-        return self.num_new_tokens[i] == 1 and self.samples[i]
-
-    @property
-    def is_decode(self) -> bool:
-        return all(self.is_decode_row(i) for i in range(len(self.seqs)))
-
-    @property
-    def is_prefill(self) -> bool:
-        return not any(self.is_decode_row(i) for i in range(len(self.seqs)))
-
-    @property
-    def num_decode_tokens(self) -> int:
-        return sum(self.is_decode_row(i) for i in range(len(self.seqs)))
-
-    @property
-    def num_tokens(self) -> int:
-        return sum(self.num_new_tokens)
-
-    @property
-    def sampled_seqs(self) -> list[Sequence]:
-        return [s for s, sample in zip(self.seqs, self.samples) if sample]
-
-
 class Scheduler:
-    def __init__(self, cfg: EngineConfig, block_manager: BlockManager, eos_token_ids: tuple[int, ...] = ()):
+    def __init__(self, cfg: EngineConfig, block_manager: BlockManager, eos_token_ids: tuple[int, ...] = (),
+                 speculative: SpeculativeConfig | None = None):
         self.cfg = cfg
         self.bm = block_manager
         self.eos_token_ids = eos_token_ids
+        self.speculative = speculative
+        self._num_draft_tokens = 0  # drafts a sequence may get this step (0 while speculation is off)
         self.mode = "chunked" if cfg.chunked_prefill else "continuous" if cfg.dynamic_batching else "static"
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
@@ -83,6 +54,10 @@ class Scheduler:
         return bool(self.waiting or self.running)
 
     def schedule(self, now: float) -> Batch | None:
+        spec = self.speculative
+        busy = spec is not None and spec.disable_by_batch_size is not None and \
+            len(self.running) > spec.disable_by_batch_size
+        self._num_draft_tokens = spec.num_draft_tokens if spec is not None and not busy else 0
         if self.mode == "chunked":
             batch = self._schedule_chunked()
         elif self.mode == "continuous":
@@ -142,7 +117,10 @@ class Scheduler:
             seq = queue.popleft()
             if self._reserve_decode_slot(seq, queue):
                 scheduled.append(seq)
-        return Batch(scheduled, [self._step_tokens(s, len(s)) for s in scheduled]) if scheduled else None
+        if not scheduled:
+            return None
+        counts = [self._step_tokens(s, len(s)) for s in scheduled]
+        return Batch(scheduled, counts, self._reserve_drafts(scheduled, self.cfg.max_num_batched_tokens - len(counts)))
 
     # --- chunked prefill ---
     def _schedule_chunked(self) -> Batch | None:
@@ -152,17 +130,18 @@ class Scheduler:
         # running sequences first, oldest first: decodes, and prompts whose earlier chunks have run
         queue = deque(sorted(self.running, key=lambda s: not _decoding(s)))  # stable: decodes lead
         preemptions = self.num_preemptions
-        while queue and budget > 0:
+        while queue and budget > 0 and _decoding(queue[0]):
             seq = queue.popleft()
-            if _decoding(seq):
-                if not self._reserve_decode_slot(seq, queue):
-                    continue
-                n = self._step_tokens(seq, len(seq))
-            else:  # its blocks were allocated for the whole prompt at admission
-                n = self._step_tokens(seq, min(len(seq), seq.num_computed_tokens + budget))
+            if self._reserve_decode_slot(seq, queue):
+                seqs.append(seq)
+                counts.append(self._step_tokens(seq, len(seq)))
+                budget -= 1
+        num_decodes = len(seqs)
+        while queue and budget > 0:  # prompts under way: their blocks were allocated whole at admission
+            seq = queue.popleft()
             seqs.append(seq)
-            counts.append(n)
-            budget -= n
+            counts.append(self._step_tokens(seq, min(len(seq), seq.num_computed_tokens + budget)))
+            budget -= counts[-1]
         # then new prompts, unless KV ran short this step (they would only be preempted again)
         preempted = self.num_preemptions > preemptions
         while not preempted and budget > 0 and self.waiting and len(self.running) < self.cfg.max_num_seqs:
@@ -174,7 +153,9 @@ class Scheduler:
             seqs.append(seq)
             counts.append(n)
             budget -= n
-        return Batch(seqs, counts) if seqs else None
+        # drafts last: what the prompts left of the budget and of the free blocks (under load, nothing)
+        lookahead = self._reserve_drafts(seqs[:num_decodes], budget)
+        return Batch(seqs, counts, lookahead + [0] * (len(seqs) - num_decodes)) if seqs else None
 
     # --- shared pieces ---
     def _admit(self, seq: Sequence) -> Sequence:
@@ -202,6 +183,23 @@ class Scheduler:
         self.bm.may_append(seq)
         return True
 
+    def _reserve_drafts(self, seqs: list[Sequence], budget: int) -> list[int]:
+        """Speculative decoding: KV slots for drafts after each decoding sequence's newest token, once every
+        decode has its own slot, so drafts take only what is free (they never preempt anyone, nor leave a
+        decode without a slot) and stay within `budget` tokens. A verify step yields at most drafts + 1
+        tokens, so never more drafts than the request still wants (which also keeps every draft's position
+        inside max_model_len). Returns the draft slots of each sequence."""
+        out = []
+        for seq in seqs:
+            drafts = max(0, min(self._num_draft_tokens, seq.params.max_tokens - seq.num_output_tokens - 1, budget))
+            while drafts and not self.bm.can_append(seq, 1 + drafts):  # what the free blocks still hold
+                drafts -= 1
+            if drafts:
+                self.bm.may_append(seq, 1 + drafts)
+            budget -= drafts
+            out.append(drafts)
+        return out
+
     def _preempt(self, seq: Sequence) -> None:
         self.bm.deallocate(seq)
         seq.reset_for_recompute()
@@ -226,18 +224,36 @@ class Scheduler:
         return seq
 
     # --- after the step ---
-    def postprocess(self, batch: Batch, token_ids: list[int]) -> list[Sequence]:
-        """Advance each sequence by the tokens the step computed; append the new token of each sampled one
-        (token_ids, in the order of batch.sampled_seqs); retire and free the finished ones. Returns those."""
+    def postprocess(self, batch: Batch, token_ids: list[int] | list[list[int]]) -> list[Sequence]:
+        """Advance each sequence by the tokens the step computed; append the new tokens of each sampled one
+        (token_ids, in the order of batch.sampled_seqs: one token each, or with speculative decoding the
+        list it accepted: its verified drafts and one more); retire and free the finished ones. Returns those."""
         finished = []
         sampled = iter(token_ids)
-        for seq, n, sample in zip(batch.seqs, batch.num_new_tokens, batch.samples):
+        for seq, n, lookahead, sample in zip(batch.seqs, batch.num_new_tokens, batch.lookahead, batch.samples):
             seq.num_computed_tokens += n
             if not sample:  # a prompt chunk: the next one comes in a later step
                 continue
-            tok = next(sampled)
+            out = next(sampled)
+            appended = self._append(seq, out if isinstance(out, list) else [out])
+            if seq.finish_reason is not None:
+                seq.status = SeqStatus.FINISHED
+                self.bm.deallocate(seq)
+                self.running.remove(seq)
+                finished.append(seq)
+            elif lookahead:
+                # the accepted drafts' KV was written by this step: their full blocks become reusable now,
+                # and the slots of the rest are given back
+                self.bm.register_full_blocks(seq, seq.num_computed_tokens + appended - 1)
+                seq.num_computed_tokens += appended - 1
+                self.bm.rollback(seq)
+        return finished
+
+    def _append(self, seq: Sequence, tokens: list[int]) -> int:
+        """Append tokens until the request is done (its finish_reason set); returns how many went in."""
+        p = seq.params
+        for i, tok in enumerate(tokens):
             seq.append_token(tok)
-            p = seq.params
             if seq.num_output_tokens >= p.max_tokens:
                 seq.finish_reason = "length"
             elif not p.ignore_eos and tok in self.eos_token_ids:
@@ -246,11 +262,8 @@ class Scheduler:
                 seq.finish_reason = "max_model_len"
             else:
                 continue
-            seq.status = SeqStatus.FINISHED
-            self.bm.deallocate(seq)
-            self.running.remove(seq)
-            finished.append(seq)
-        return finished
+            return i + 1
+        return len(tokens)
 
 
 def _decoding(seq: Sequence) -> bool:

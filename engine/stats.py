@@ -6,7 +6,8 @@ import time
 from collections import defaultdict
 from contextlib import contextmanager
 
-STAGES = ("tokenize", "schedule", "prefill", "decode", "mixed", "sample", "detokenize")
+# draft: proposing speculative drafts; verify: a decode step that verifies drafts (with prompt tokens: mixed)
+STAGES = ("tokenize", "schedule", "prefill", "decode", "mixed", "draft", "verify", "sample", "detokenize")
 
 
 class StageTimers:

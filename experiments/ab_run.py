@@ -21,10 +21,12 @@ from experiments.build import build, check_keys
 from experiments.errors import as_user_error
 from experiments.experiment import ExperimentResult, run_experiment
 from experiments.preflight import Prepared, prepare
+from experiments.teacher_forced_run import log_to_run, run_teacher_forced
 from experiments.tracking import Tracker
 from quality.prompts import load_prompt_set, prompts_digest
 from quality.review import write_review_html
 from quality.scoring import score_vs_control, to_metrics
+from quality.teacher_forced import to_metrics as tf_to_metrics
 from traffic.request import requests_digest
 
 log = logging.getLogger(__name__)
@@ -115,6 +117,13 @@ def gate_pair(control: Arm, candidate: Arm, gate: GateConfig) -> tuple[Verdict, 
     vs_control = score_vs_control(k.outputs, c.outputs)
     k.metrics.update(to_metrics(vs_control))
     k.quality_per_prompt["quality/rougeL_vs_control"] = [p["rougeL"] for p in vs_control.per_prompt]
+    if not lossless:  # a lossy candidate is judged teacher-forced against the control
+        first = candidate.runs[0]
+        items = control.prepared.items if control.prepared is not None else None
+        k.teacher_forced = run_teacher_forced(control.cfg, candidate.cfg, c.outputs, first.run_dir, items)
+        tf_metrics = tf_to_metrics(k.teacher_forced)
+        k.metrics.update(tf_metrics)
+        log_to_run(OmegaConf.to_object(candidate.cfg.tracking), first.run_id, tf_metrics)
     return decide(c, k, gate, lossless), k, lossless, why
 
 

@@ -98,9 +98,26 @@ def test_settings_vllm_cannot_run_are_refused_before_start():
         launch(block_size=16)
     with pytest.raises(ValueError, match="cuda_graphs.*CUDA"):
         launch(cuda_graphs=True)
-    with pytest.raises(ValueError, match=r"engine=vllm has no mapping for opt\(s\) \['speculative'\]; it supports "
+    with pytest.raises(ValueError, match=r"engine=vllm has no mapping for opt\(s\) \['skinny_gemm'\]; it supports "
                                          r"\['batched_decode', 'chunked_prefill', 'cuda_graphs'"):
-        refuse_unmapped("vllm", ["paged_kv", "speculative"], SUPPORTED)
+        refuse_unmapped("vllm", ["paged_kv", "skinny_gemm"], SUPPORTED)
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_speculative_ngram_maps_to_vllms_speculative_config_and_the_rest_is_refused(device):
+    from engine.config import SpeculativeConfig
+
+    off = launch(device, block_size=128)
+    assert "--speculative-config" not in off.args and off.opts_effective["speculative"]["on"] is False
+    spec = SpeculativeConfig("ngram", num_draft_tokens=5, ngram_max=4, ngram_min=2)
+    on = launch(device, block_size=128, speculative=spec)
+    assert json.loads(flag(on.args, "--speculative-config")) == {
+        "method": "ngram", "num_speculative_tokens": 5, "prompt_lookup_max": 4, "prompt_lookup_min": 2}
+    assert on.opts_effective["speculative"]["on"] is True and on.opts_effective["speculative"]["requested"] is True
+    with pytest.raises(ValueError, match=r"engine.speculative.method='draft_layers' has no vLLM equivalent.*method=ngram"):
+        launch(device, block_size=128, speculative=SpeculativeConfig("draft_layers"))
+    with pytest.raises(ValueError, match=r"engine.speculative.disable_by_batch_size=8: vLLM has no such switch"):
+        launch(device, block_size=128, speculative=SpeculativeConfig("ngram", disable_by_batch_size=8))
 
 
 def test_hf_refuses_graphs_without_its_continuous_batching_and_couples_paged_kv():
@@ -110,6 +127,10 @@ def test_hf_refuses_graphs_without_its_continuous_batching_and_couples_paged_kv(
         opt_mappings(EngineConfig(name="hf", cuda_graphs=True), "cuda")
     eff = {m.opt: m for m in opt_mappings(EngineConfig(name="hf", paged_kv=True), "cpu")}
     assert eff["dynamic_batching"].on and not eff["dynamic_batching"].requested  # coupled, and said so
+    from engine.config import SpeculativeConfig
+
+    with pytest.raises(ValueError, match=r"engine=hf has no mapping for opt\(s\) \['speculative'\]"):
+        opt_mappings(EngineConfig(name="hf", speculative=SpeculativeConfig("ngram")), "cpu")
 
 
 def test_openai_records_opts_as_metadata_with_a_warning(tmp_path):
@@ -132,19 +153,23 @@ def test_openai_records_opts_as_metadata_with_a_warning(tmp_path):
 @needs_vllm
 def test_vllms_own_parser_accepts_our_arguments():
     """Flag names move between vLLM versions: the installed vLLM parses what we build, or this fails."""
+    from engine.config import SpeculativeConfig
+
     tp2 = build_launch(EngineConfig(name="vllm", server=ServerConfig(tensor_parallel_size=2)), "cuda", "/models/s",
                        "s", "127.0.0.1", 8123, ["--load-format", "dummy"])  # a 70B shape on two GPUs
     sets = [launch().args, launch("cuda", flash_attn=True, cuda_graphs=True, block_size=16).args,
-            launch(kv_cache_gb=0.5, paged_kv=True, prefix_cache=True).args, tp2.args]
+            launch(kv_cache_gb=0.5, paged_kv=True, prefix_cache=True, speculative=SpeculativeConfig("ngram")).args,
+            tp2.args]
     code = ("import json, sys\nfrom vllm.entrypoints.launchers.cli_args import make_arg_parser\n"
             "from vllm.utils.argparse_utils import FlexibleArgumentParser\n"
             "p = make_arg_parser(FlexibleArgumentParser())\n"
             "for a in json.loads(sys.argv[1]):\n    ns = p.parse_args(['--model', *a])\n"
-            "    print(ns.block_size, ns.enable_prefix_caching, ns.dtype, ns.tensor_parallel_size, ns.load_format)\n")
+            "    print(ns.block_size, ns.enable_prefix_caching, ns.dtype, ns.tensor_parallel_size, ns.load_format,\n"
+            "          (ns.speculative_config or {}).get('method'))\n")
     out = subprocess.run([str(VLLM_PY), "-c", code, json.dumps(sets)], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
-    assert out.stdout.split("\n")[:4] == ["128 False float32 1 auto", "16 False bfloat16 1 auto",
-                                           "128 True float32 1 auto", "16 False bfloat16 2 dummy"]
+    assert out.stdout.split("\n")[:4] == ["128 False float32 1 auto None", "16 False bfloat16 1 auto None",
+                                           "128 True float32 1 auto ngram", "16 False bfloat16 2 dummy None"]
 
 
 # --- the launcher: a fake `vllm serve` run by engine.server.python ---

@@ -69,14 +69,20 @@ def test_ab_with_different_traffic_is_refused(tmp_path):
     assert "identical traffic" in p.stderr and "requests_digest" in p.stderr
 
 
-def test_ab_whose_candidate_changes_outputs_fails_with_exit_1(tmp_path):
+def test_ab_with_a_damaged_candidate_fails_on_the_teacher_forced_gates_with_exit_1(tmp_path):
     out = tmp_path / "ab"
-    p = run(["+ab=batched_decode", "ab.candidate=[+opt=batched_decode,engine.dtype=bfloat16]",
-             "workload.num_requests=6", "quality.num_prompts=12", "quality.max_new_tokens=16", "tracking.enabled=false",
+    p = run(["+ab=damaged_3bit", "ab.candidate=[model.damage=zero_layer:0]", "workload.num_requests=6",
+             "quality.num_prompts=12", "quality.max_new_tokens=16", "tracking.enabled=false",
              f"hydra.run.dir={out}", *FAST], tmp_path)
     v = json.loads((out / "verdict.json").read_text())
-    assert v["candidate_lossless"] is False and "engine.dtype" in v["lossless_reason"]
+    assert v["candidate_lossless"] is False and "model.damage" in v["lossless_reason"]
     assert (p.returncode, v["status"]) == (1, "fail"), p.stdout[-2000:]
+    tf = {g["metric"]: g for g in v["gates"] if g["gate"] == "teacher_forced"}
+    assert tf["quality/kl_vs_control_mean"]["status"] == "fail" and tf["quality/kl_vs_control_mean"]["decides"]
+    assert tf["quality/kl_vs_control_mean"]["interval"]["low"] > 0.01
     drift = [g for g in v["gates"] if g["gate"] == "control_agreement"]
-    assert drift and any(g["status"] == "fail" for g in drift)
+    assert drift and not any(g["decides"] for g in drift)  # reported: a lossy change rewrites answers anyway
+    summary = json.loads((out / "candidate-r0" / "teacher_forced.json").read_text())
+    assert summary["metrics"]["quality/kl_vs_control_mean"] > 0.01 and summary["unavailable"] is None
+    assert len((out / "candidate-r0" / "teacher_forced.jsonl").read_text().splitlines()) == 12
     assert not (out / "rollout_plan.json").exists()

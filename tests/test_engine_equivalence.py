@@ -115,8 +115,9 @@ def test_the_switch_was_really_in_effect(runs: Runs, config: str) -> None:
     # token equality proves nothing if the switch silently did nothing: check each one's evidence
     base, eff = runs["baseline"].effective, runs[config].effective
     on = CONFIGS[config]
-    for opt in ("paged_kv", "dynamic_batching", "batched_decode", "flash_attn", "prefix_cache", "chunked_prefill"):
-        assert eff[opt]["on"] == on.get(opt, False), opt
+    for opt in ("paged_kv", "dynamic_batching", "batched_decode", "flash_attn", "prefix_cache", "chunked_prefill",
+                "speculative"):
+        assert eff[opt]["on"] == bool(on.get(opt, False)), opt
     if on.get("paged_kv"):  # small blocks, and more of them taken as sequences grew
         assert eff["paged_kv"]["block_size"] == 16
         assert eff["paged_kv"]["blocks_allocated"] > len(runs.prompts)

@@ -12,10 +12,12 @@ import pytest
 from abtest.gates import METRICS, GateConfig, higher_is_better, validate_metric
 from abtest.rollout import current, promote, rollback, rollout_plan
 from abtest.verdict import ArmResult, decide
+from quality.teacher_forced import TeacherForcedScores
 from traffic.metrics import compute_metrics
 from traffic.request import RequestRecord
 
 QUALITY = ("quality/bleu_vs_ref", "quality/rouge1_vs_ref", "quality/rouge2_vs_ref", "quality/rougeL_vs_ref")
+NO_TF = dict(kl_max_mean=None, kl_max_p99=None, top1_agree_min=None, ppl_max_rel_increase=None)
 RNG = np.random.default_rng(0)
 E2E = RNG.lognormal(0.0, 0.5, 200)  # seconds, per request
 SCORES = RNG.uniform(20, 60, 200)  # per-prompt quality
@@ -23,8 +25,16 @@ SCORES = RNG.uniform(20, 60, 200)  # per-prompt quality
 QUIET = {f"perf/{m}": 0.01 for m in ("e2e_ms_p99", "e2e_ms_p50", "tpot_ms_p50", "ttft_ms_mean")}
 
 
+def same_as_control(prompts: int = 200, positions: int = 10) -> TeacherForcedScores:
+    """Teacher-forced scores of a candidate whose distributions equal the control's at every position."""
+    n = np.full(prompts, float(positions))
+    nll = RNG.uniform(5, 20, prompts)
+    return TeacherForcedScores(np.zeros(prompts), n, n.copy(), nll, nll.copy(), n.copy(),
+                               np.zeros(prompts * positions), np.repeat(np.arange(prompts), positions))
+
+
 def arm(name: str, e2e: np.ndarray = E2E, scores: np.ndarray = SCORES, extra: dict | None = None,
-        digests: tuple[str, str] = ("req", "prm")) -> ArmResult:
+        digests: tuple[str, str] = ("req", "prm"), teacher_forced: TeacherForcedScores | None = None) -> ArmResult:
     records = [RequestRecord(id=f"r{i}", scheduled_at=0.0, input_tokens=8, requested_output_tokens=16,
                              sent_at=0.0, first_token_at=0.2 * t, finished_at=t, output_tokens=16, ok=True)
                for i, t in enumerate(e2e)]
@@ -32,7 +42,8 @@ def arm(name: str, e2e: np.ndarray = E2E, scores: np.ndarray = SCORES, extra: di
     metrics = compute_metrics(records) | {m: float(np.mean(scores)) for m in QUALITY} | agreement | (extra or {})
     return ArmResult(name=name, metrics=metrics, records=records,
                      quality_per_prompt={m: list(scores) for m in QUALITY}, outputs=[],
-                     requests_digest=digests[0], prompts_digest=digests[1])
+                     requests_digest=digests[0], prompts_digest=digests[1],
+                     teacher_forced=same_as_control() if teacher_forced is None else teacher_forced)
 
 
 def by_name(verdict) -> dict:
@@ -62,7 +73,8 @@ def test_noisy_tiny_samples_are_inconclusive() -> None:
     noise = rng.normal(0, 15, 12)
     cand = ctrl + noise - noise.mean()  # no change on average, but far too noisy to show it
     e2e = rng.lognormal(0, 0.5, 12)
-    cfg = GateConfig(latency_max_regression={"perf/e2e_ms_p50": 0.0}, control_agreement_min={}, run_noise=QUIET)
+    cfg = GateConfig(latency_max_regression={"perf/e2e_ms_p50": 0.0}, control_agreement_min={}, run_noise=QUIET,
+                     **NO_TF)
     v = decide(arm("c", e2e, ctrl), arm("k", e2e * rng.lognormal(0, 0.4, 12), cand), cfg, False)
     assert (v.status, v.exit_code) == ("inconclusive", 2)
     assert {g.status for g in v.gates} == {"inconclusive"}
@@ -218,15 +230,27 @@ def test_rollback_cli_restores_the_previous_promotion(tmp_path, capsys):
     assert rollback_main(["--registry", str(tmp_path)]) == 1  # nothing left to roll back to
 
 
-def test_outputs_that_drift_from_the_control_fail_even_when_reference_scores_hold() -> None:
-    # a lossy candidate (bf16, say) whose scores against the references do not drop, but whose answers changed
-    drifted = arm("k", extra={"quality/bleu_vs_control": 71.0, "quality/rougeL_vs_control": 0.83})
+def test_outputs_that_drift_from_the_control_fail_when_nothing_finer_was_measured() -> None:
+    # a lossy candidate whose scores against the references do not drop, but whose answers changed, and whose
+    # engine gave no teacher-forced scores: agreement with the control's text decides
+    drifted = arm("k", extra={"quality/bleu_vs_control": 71.0, "quality/rougeL_vs_control": 0.83},
+                  teacher_forced=TeacherForcedScores.not_measured("an endpoint without log-probs"))
     v = decide(arm("c"), drifted, GateConfig(), candidate_lossless=False)
     g = by_name(v)
     assert (v.status, v.exit_code) == ("fail", 1)
     assert g["control_agreement:quality/bleu_vs_control"].status == "fail"
+    assert g["control_agreement:quality/bleu_vs_control"].decides
     assert "71" in g["control_agreement:quality/bleu_vs_control"].reason
     assert g["quality_non_inferiority:quality/bleu_vs_ref"].status == "pass"
+    tf = g["teacher_forced:quality/kl_vs_control_mean"]
+    assert tf.status == "inconclusive" and "an endpoint without log-probs" in tf.reason
+    # the same drift with teacher-forced scores equal to the control's: reported, and the candidate passes
+    drifted.teacher_forced = same_as_control()
+    v = decide(arm("c"), drifted, GateConfig(run_noise=QUIET), candidate_lossless=False)  # latency decides too
+    g = by_name(v)
+    assert (v.status, v.exit_code) == ("pass", 0)
+    assert g["control_agreement:quality/bleu_vs_control"].status == "fail"
+    assert not g["control_agreement:quality/bleu_vs_control"].decides
     unmeasured = arm("k")
     unmeasured.metrics.pop("quality/rougeL_vs_control")
     assert by_name(decide(arm("c"), unmeasured, GateConfig(), False))[

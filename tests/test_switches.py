@@ -16,21 +16,57 @@ ENGINE = Path(__file__).resolve().parents[1] / "engine"
 SOURCES = {p.relative_to(ENGINE.parent).as_posix(): p.read_text() for p in sorted(ENGINE.rglob("*.py"))}
 
 
+# Each switch's one reader, and what it hands down. A new switch is added here, or the tests below fail.
+READERS = {
+    "paged_kv": "engine/llm_engine.py",  # the KV layout's block size
+    "flash_attn": "engine/llm_engine.py",  # the attention backend
+    "dynamic_batching": "engine/scheduler.py",  # the scheduler's mode
+    "chunked_prefill": "engine/scheduler.py",
+    "batched_decode": "engine/llm_engine.py",  # the detokenizer
+    "cuda_graphs": "engine/llm_engine.py",  # the runner's graph batch
+    "fused_kernels": "engine/llm_engine.py",  # DecodeKernels
+    "skinny_gemm": "engine/llm_engine.py",
+    "prefix_cache": "engine/llm_engine.py",  # the block manager
+    "quant_int8": "engine/quant.py",  # quant_method(cfg): the weights' one quantization method
+    "quant_fp8": "engine/quant.py",
+    "kv_fp8": "engine/llm_engine.py",  # KVLayout.fp8 and the budget's bytes per token
+    "speculative": "engine/llm_engine.py",  # the Speculator and the scheduler's draft slots
+}
+
+
+def _reads(pattern: re.Pattern) -> list[tuple[str, int]]:
+    return [(path, text[:m.start()].count("\n") + 1) for path, text in SOURCES.items()
+            for m in pattern.finditer(text)]
+
+
+def test_every_switch_has_its_reader_in_the_table() -> None:
+    assert sorted(READERS) == sorted(OPTS)
+
+
 @pytest.mark.parametrize("opt", sorted(OPTS))
 def test_each_switch_is_read_in_exactly_one_place_in_the_engine(opt: str) -> None:
-    pattern = re.compile(rf"\bcfg\.{OPTS[opt].field}\b")
-    reads = [(path, text[:m.start()].count("\n") + 1) for path, text in SOURCES.items()
-             for m in pattern.finditer(text)]
+    reads = _reads(re.compile(rf"\bcfg\.{OPTS[opt].field}\b"))
     assert len(reads) == 1, f"engine.{OPTS[opt].field} is read at {reads}: one branch point, one reader"
+    assert reads[0][0] == READERS.get(opt), f"engine.{OPTS[opt].field} is read in {reads[0][0]}, not {READERS.get(opt)}"
+
+
+def test_the_quantization_method_is_decided_once() -> None:
+    # quant_method(cfg) reads both weight switches: it is called at one place, and the rest gets its answer
+    calls = [r for r in _reads(re.compile(r"(?<!def )\bquant_method\(")) if r[0] != "engine/quant.py"]
+    assert [path for path, _ in calls] == ["engine/llm_engine.py"], calls
 
 
 def test_the_runner_and_attention_take_what_the_switches_decided_not_the_config() -> None:
     from engine.attention import make_backend
     from engine.model_runner import ModelRunner
 
-    assert "EngineConfig" not in SOURCES["engine/model_runner.py"]
-    assert "EngineConfig" not in SOURCES["engine/attention.py"]
+    from engine.speculative import Speculator
+
+    for path in ("engine/model_runner.py", "engine/attention.py", "engine/speculative.py", "engine/quant.py",
+                 "engine/kv_quant.py", "engine/scoring.py", "engine/batch.py"):
+        assert "EngineConfig" not in SOURCES[path], path
     assert "cfg" not in inspect.signature(ModelRunner).parameters
+    assert "cfg" not in inspect.signature(Speculator).parameters  # it takes the speculative settings only
     assert list(inspect.signature(make_backend).parameters)[0] == "flash_attn"
 
 

@@ -8,6 +8,8 @@ context_lens [B] (tokens in the cache, the new one included) -> out [B, H, D].
 - online softmax in float32 (base 2), probabilities cast to the cache dtype for the ·V dot, as flash does.
 - split-K (flash-decoding): when B × KVH programs would leave the multiprocessors idle, the context is cut
   into `num_splits` ranges, each reduced to (m, l, acc) partials, then merged by a second kernel.
+- kv_fp8 (engine/kv_quant.py): E4M3 K/V tiles are widened in registers, the keys' per-token scales multiply
+  the scores and the values' scales the probabilities, so the cache is read at one byte an element.
 - CUDA-graph capturable: no host sync; the split count depends only on the shapes (batch, heads and the
   block table's width × block_size, the longest context the table can hold), context_lens is read on the
   device. The contiguous cache is the case block_size = max_model_len with tables of width 1.
@@ -52,13 +54,13 @@ def num_splits(batch: int, kv_heads: int, max_len: int, num_sms: int) -> int:
 # the split count and the block table's width change with the batch in eager decode steps: no
 # specialization on them, so no compile in the middle of a replay (graph replay fixes both anyway)
 @triton.jit(do_not_specialize=["num_splits", "stride_bt"])
-def _split_kernel(Q, K, V, BT, CTX, O, M, L,
+def _split_kernel(Q, K, V, BT, CTX, O, M, L, KS, VS,
                   sm_scale, num_splits,
                   stride_qb, stride_qh, stride_kn, stride_ks, stride_kh, stride_bt,
-                  stride_ob, stride_oh, stride_os,
+                  stride_ob, stride_oh, stride_os, stride_sn, stride_ss,
                   BLOCK_SIZE: tl.constexpr, GROUP: tl.constexpr, G_PAD: tl.constexpr,
                   D: tl.constexpr, D_PAD: tl.constexpr, BLOCK_N: tl.constexpr,
-                  DIRECT: tl.constexpr, F32_DOT: tl.constexpr):
+                  DIRECT: tl.constexpr, F32_DOT: tl.constexpr, KV_FP8: tl.constexpr):
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
@@ -87,21 +89,34 @@ def _split_kernel(Q, K, V, BT, CTX, O, M, L,
         block = tl.load(BT + b * stride_bt + pos // BLOCK_SIZE, mask=ok, other=0).to(tl.int64)
         off = block * stride_kn + (pos % BLOCK_SIZE).to(tl.int64) * stride_ks + kvh * stride_kh
         kv_mask = ok[:, None] & d_ok[None, :]
-        k = tl.load(K + off[:, None] + d[None, :], mask=kv_mask, other=0.0)
+        if KV_FP8:  # no `other=` (Triton cannot cast a constant to fp8): masked lanes are zeroed once widened
+            s_off = block * stride_sn + (pos % BLOCK_SIZE).to(tl.int64) * stride_ss + kvh
+            k = tl.load(K + off[:, None] + d[None, :], mask=kv_mask)
+            k = tl.where(kv_mask, k.to(tl.float32), 0.0).to(tl.float32 if F32_DOT else Q.dtype.element_ty)
+        else:
+            k = tl.load(K + off[:, None] + d[None, :], mask=kv_mask, other=0.0)
         if F32_DOT:
             s = tl.dot(q, tl.trans(k.to(tl.float32)), input_precision="ieee")
         else:
             s = tl.dot(q, tl.trans(k))
+        if KV_FP8:
+            s = s * tl.load(KS + s_off, mask=ok, other=0.0).to(tl.float32)[None, :]
         s = tl.where(ok[None, :], s * qk_scale, float("-inf"))
         m_new = tl.maximum(m_i, row_max(s, 1))
         alpha = tl.exp2(m_i - m_new)
         p = tl.exp2(s - m_new[:, None])
         l_i = l_i * alpha + row_sum(p, 1)
-        v = tl.load(V + off[:, None] + d[None, :], mask=kv_mask, other=0.0)
-        if F32_DOT:
-            acc = acc * alpha[:, None] + tl.dot(p, v.to(tl.float32), input_precision="ieee")
+        if KV_FP8:
+            v = tl.load(V + off[:, None] + d[None, :], mask=kv_mask)
+            v = tl.where(kv_mask, v.to(tl.float32), 0.0).to(tl.float32 if F32_DOT else Q.dtype.element_ty)
+            p_v = p * tl.load(VS + s_off, mask=ok, other=0.0).to(tl.float32)[None, :]  # V's scales, on p
         else:
-            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+            v = tl.load(V + off[:, None] + d[None, :], mask=kv_mask, other=0.0)
+            p_v = p
+        if F32_DOT:
+            acc = acc * alpha[:, None] + tl.dot(p_v, v.to(tl.float32), input_precision="ieee")
+        else:
+            acc = acc * alpha[:, None] + tl.dot(p_v.to(v.dtype), v)
         m_i = m_new
 
     o_ptr = O + b * stride_ob + head[:, None] * stride_oh + d[None, :]
@@ -141,7 +156,12 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
                            block_tables: torch.Tensor, context_lens: torch.Tensor,
                            out: torch.Tensor | None = None, splits: int | None = None) -> torch.Tensor:
     """Attention of one new query token per sequence over its cached context; see the module docstring.
-    `out` may be given (e.g. poisoned, in tests); `splits` overrides the split heuristic."""
+    `out` may be given (e.g. poisoned, in tests); `splits` overrides the split heuristic. k_cache and
+    v_cache are tensors, or kv_fp8's QuantKVs (E4M3 values and per-token scales)."""
+    fp8 = not isinstance(k_cache, torch.Tensor)
+    k_scale = v_scale = None
+    if fp8:
+        k_cache, k_scale, v_cache, v_scale = k_cache.data, k_cache.scale, v_cache.data, v_cache.scale
     batch, heads, head_dim = q.shape
     _, block_size, kv_heads, _ = k_cache.shape
     assert heads % kv_heads == 0 and head_dim_supported(head_dim), (heads, kv_heads, head_dim)
@@ -160,18 +180,21 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
                   F32_DOT=q.dtype == torch.float32 or not q.is_cuda,
                   num_warps=4, num_stages=2)
     args = (q, k_cache, v_cache, block_tables, context_lens)
+    scales = (k_scale, v_scale) if fp8 else (q, q)  # unused without fp8: any pointer
+    scale_strides = (k_scale.stride(0), k_scale.stride(1)) if fp8 else (0, 0)
+    common["KV_FP8"] = fp8
     strides = (q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
                block_tables.stride(0))
     scale = head_dim ** -0.5
     if splits == 1:
-        _split_kernel[(batch, kv_heads, 1)](*args, out, out, out, scale, 1, *strides,
-                                            out.stride(0), out.stride(1), 0, DIRECT=True, **common)
+        _split_kernel[(batch, kv_heads, 1)](*args, out, out, out, *scales, scale, 1, *strides,
+                                            out.stride(0), out.stride(1), 0, *scale_strides, DIRECT=True, **common)
         return out
     part = torch.empty(batch, heads, splits, head_dim, dtype=torch.float32, device=q.device)
     m = torch.empty(batch, heads, splits, dtype=torch.float32, device=q.device)
     l_sum = torch.empty_like(m)
-    _split_kernel[(batch, kv_heads, splits)](*args, part, m, l_sum, scale, splits, *strides,
-                                             part.stride(0), part.stride(1), part.stride(2),
+    _split_kernel[(batch, kv_heads, splits)](*args, part, m, l_sum, *scales, scale, splits, *strides,
+                                             part.stride(0), part.stride(1), part.stride(2), *scale_strides,
                                              DIRECT=False, **common)
     _reduce_kernel[(batch, heads)](part, m, l_sum, out, splits, part.stride(0), part.stride(1),
                                    part.stride(2), out.stride(0), out.stride(1),

@@ -14,6 +14,8 @@ block_tables [B, max_blocks] int32, query_start [B + 1] (cumulative q_len), cont
   4,096-token chunk and two hundred decode rows is one launch of 256 + 200 tiles per KV head.
 - A tile reads keys only up to its last query's position (the causal bound), so a chunk costs the triangle.
 - Online softmax in float32 (base 2), probabilities cast to the cache dtype for the ·V dot, as flash does.
+- kv_fp8 (engine/kv_quant.py): E4M3 tiles widened in registers, the per-token scales of K on the scores and
+  of V on the probabilities, as in the decode kernel.
 Head dims: multiples of 8 up to 256, as the decode kernel (engine/validation.py refuses the others).
 """
 from __future__ import annotations
@@ -32,10 +34,12 @@ BLOCK_N = 64  # keys a loop iteration reads
 # the block table's width changes from step to step: specializing on it (divisible by 16 or not) would
 # compile the kernel again in the middle of a replay, a stall of a second or more
 @triton.jit(do_not_specialize=["stride_bt"])
-def _varlen_kernel(Q, K, V, O, BT, QSTART, CTX, TILE_SEQ, TILE_Q0, sm_scale,
+def _varlen_kernel(Q, K, V, O, BT, QSTART, CTX, TILE_SEQ, TILE_Q0, KS, VS, sm_scale,
                    stride_qt, stride_qh, stride_kn, stride_ks, stride_kh, stride_bt, stride_ot, stride_oh,
+                   stride_sn, stride_ss,
                    BLOCK_SIZE: tl.constexpr, GROUP: tl.constexpr, G_PAD: tl.constexpr, BLOCK_Q: tl.constexpr,
-                   D: tl.constexpr, D_PAD: tl.constexpr, BLOCK_N: tl.constexpr, F32_DOT: tl.constexpr):
+                   D: tl.constexpr, D_PAD: tl.constexpr, BLOCK_N: tl.constexpr, F32_DOT: tl.constexpr,
+                   KV_FP8: tl.constexpr):
     tile = tl.program_id(0)
     kvh = tl.program_id(1)
     b = tl.load(TILE_SEQ + tile)
@@ -69,22 +73,35 @@ def _varlen_kernel(Q, K, V, O, BT, QSTART, CTX, TILE_SEQ, TILE_Q0, sm_scale,
         block = tl.load(BT + b * stride_bt + pos // BLOCK_SIZE, mask=ok, other=0).to(tl.int64)
         off = block * stride_kn + (pos % BLOCK_SIZE).to(tl.int64) * stride_ks + kvh * stride_kh
         kv_mask = ok[:, None] & d_ok[None, :]
-        k = tl.load(K + off[:, None] + d[None, :], mask=kv_mask, other=0.0)
+        if KV_FP8:  # no `other=` (Triton cannot cast a constant to fp8): masked lanes are zeroed once widened
+            s_off = block * stride_sn + (pos % BLOCK_SIZE).to(tl.int64) * stride_ss + kvh
+            k = tl.load(K + off[:, None] + d[None, :], mask=kv_mask)
+            k = tl.where(kv_mask, k.to(tl.float32), 0.0).to(tl.float32 if F32_DOT else Q.dtype.element_ty)
+        else:
+            k = tl.load(K + off[:, None] + d[None, :], mask=kv_mask, other=0.0)
         if F32_DOT:
             s = tl.dot(q, tl.trans(k.to(tl.float32)), input_precision="ieee")
         else:
             s = tl.dot(q, tl.trans(k))
+        if KV_FP8:
+            s = s * tl.load(KS + s_off, mask=ok, other=0.0).to(tl.float32)[None, :]
         # key 0 is in every row's range and in the first tile, so no row's maximum stays -inf
         s = tl.where(ok[None, :] & (pos[None, :] <= q_pos[:, None]), s * qk_scale, float("-inf"))
         m_new = tl.maximum(m_i, row_max(s, 1))
         alpha = tl.exp2(m_i - m_new)
         p = tl.exp2(s - m_new[:, None])
         l_i = l_i * alpha + row_sum(p, 1)
-        v = tl.load(V + off[:, None] + d[None, :], mask=kv_mask, other=0.0)
-        if F32_DOT:
-            acc = acc * alpha[:, None] + tl.dot(p, v.to(tl.float32), input_precision="ieee")
+        if KV_FP8:
+            v = tl.load(V + off[:, None] + d[None, :], mask=kv_mask)
+            v = tl.where(kv_mask, v.to(tl.float32), 0.0).to(tl.float32 if F32_DOT else Q.dtype.element_ty)
+            p_v = p * tl.load(VS + s_off, mask=ok, other=0.0).to(tl.float32)[None, :]  # V's scales, on p
         else:
-            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+            v = tl.load(V + off[:, None] + d[None, :], mask=kv_mask, other=0.0)
+            p_v = p
+        if F32_DOT:
+            acc = acc * alpha[:, None] + tl.dot(p_v, v.to(tl.float32), input_precision="ieee")
+        else:
+            acc = acc * alpha[:, None] + tl.dot(p_v.to(v.dtype), v)
         m_i = m_new
     out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
     tl.store(O + tok[:, None] * stride_ot + head[:, None] * stride_oh + d[None, :],
@@ -115,7 +132,12 @@ def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
                             tiles, out: torch.Tensor | None = None) -> torch.Tensor:
     """See the module docstring. tiles: the two int32 rows of `tile_list` (sequence index, first query), on
     q's device, each best 16-byte aligned (engine/attention.py's `packed`);
-    `out` may be given (e.g. poisoned, in tests)."""
+    `out` may be given (e.g. poisoned, in tests). k_cache and v_cache are tensors, or kv_fp8's QuantKVs."""
+    fp8 = not isinstance(k_cache, torch.Tensor)
+    scales, scale_strides = (q, q), (0, 0)  # unused without fp8: any pointer
+    if fp8:
+        scales, scale_strides = (k_cache.scale, v_cache.scale), (k_cache.scale.stride(0), k_cache.scale.stride(1))
+        k_cache, v_cache = k_cache.data, v_cache.data
     num_tokens, heads, head_dim = q.shape
     _, block_size, kv_heads, _ = k_cache.shape
     assert heads % kv_heads == 0 and head_dim_supported(head_dim), (heads, kv_heads, head_dim)
@@ -127,13 +149,14 @@ def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
         return out
     d_pad = max(16, triton.next_power_of_2(head_dim))
     _varlen_kernel[(num_tiles, kv_heads)](
-        q, k_cache, v_cache, out, block_tables, query_start, context_lens, tiles[0], tiles[1], head_dim ** -0.5,
+        q, k_cache, v_cache, out, block_tables, query_start, context_lens, tiles[0], tiles[1], *scales,
+        head_dim ** -0.5,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_tables.stride(0),
-        out.stride(0), out.stride(1),
+        out.stride(0), out.stride(1), *scale_strides,
         BLOCK_SIZE=block_size, GROUP=heads // kv_heads, G_PAD=group_pad(heads, kv_heads),
         BLOCK_Q=block_q(heads, kv_heads), D=head_dim, D_PAD=d_pad,
         BLOCK_N=BLOCK_N if d_pad <= 128 else 32,
         # float32 inputs, and Triton's CPU interpreter (whose bf16 dot is wrong), dot in exact fp32
-        F32_DOT=q.dtype == torch.float32 or not q.is_cuda,
+        F32_DOT=q.dtype == torch.float32 or not q.is_cuda, KV_FP8=fp8,
         num_warps=4, num_stages=2)
     return out
