@@ -14,7 +14,8 @@ CONTRACT = ({f"perf/{m}_ms_{s}" for m in ("ttft", "tpot", "itl", "e2e") for s in
                "perf/requests_ok", "perf/requests_failed", "perf/makespan_s", "traffic/ks_input_len",
                "traffic/ks_output_len", "quality/bleu_vs_ref", "quality/rouge1_vs_ref", "quality/rouge2_vs_ref",
                "quality/rougeL_vs_ref", "quality/bleu_vs_control", "quality/rougeL_vs_control",
-               "quality/exact_match_vs_control"})
+               "quality/exact_match_vs_control", "quality/kl_vs_control_mean", "quality/kl_vs_control_p99",
+               "quality/top1_agree_vs_control", "quality/ppl_ref_rel_change"})
 
 
 def test_the_metric_names_are_the_contract():
@@ -32,7 +33,7 @@ def test_named_families_take_any_suffix_but_not_none(name, ok):
 
 
 def test_unknown_metric_lists_the_families_too():
-    with pytest.raises(ValueError, match=re.escape("quality/rougeL_vs_ref, traffic/ks_input_len, "
+    with pytest.raises(ValueError, match=re.escape("quality/top1_agree_vs_control, traffic/ks_input_len, "
                                                    "traffic/ks_output_len, and any capacity/* or stage/*")):
         validate_metric("nope")
 

@@ -14,6 +14,7 @@ from tests.test_gates import arm, by_name
 from traffic.metrics import compute_metrics
 from traffic.request import RequestRecord
 
+NO_TF = dict(kl_max_mean=None, kl_max_p99=None, top1_agree_min=None, ppl_max_rel_increase=None)  # lossy arms here
 NOISE = {"perf/e2e_ms_p99": 0.02, "perf/ttft_ms_p50": 0.02}  # an A/A-measured run-to-run SD: one run pair decides
 RUN = "over 1 run pair(s) (0 requests dropped; run noise SD 2.0% from 0 df of the pairs and gate.run_noise 2.0% x 4)"
 
@@ -111,7 +112,7 @@ def test_every_gate_reports_its_numbers_and_status():
 
 
 def test_a_slower_bigger_candidate_fails_its_latency_and_memory_gates():
-    cfg = GateConfig(quality_margins_rel={}, control_agreement_min={}, latency_max_regression={"perf/e2e_ms_p99": 0.1},
+    cfg = GateConfig(**NO_TF, quality_margins_rel={}, control_agreement_min={}, latency_max_regression={"perf/e2e_ms_p99": 0.1},
                      latency_gains={"perf/throughput_req_s": 0.0}, memory_ceilings_gb={"perf/peak_mem_gb": 80}, n_boot=200,
                      run_noise=NOISE)
     v = decide(even_arm("c"), even_arm("k", 1.5, extra={"perf/peak_mem_gb": 80.5}), cfg, False)
@@ -143,7 +144,7 @@ def test_too_few_pairs_and_unmeasured_metrics_are_inconclusive_with_the_reason()
 
 def test_quality_on_point_values_and_on_a_control_that_scores_zero():
     c, k = even_arm("c", per_prompt=False), even_arm("k", score=39.0, per_prompt=False)
-    cfg = GateConfig(quality_margins_rel={"quality/bleu_vs_ref": 0.003}, control_agreement_min={},
+    cfg = GateConfig(**NO_TF, quality_margins_rel={"quality/bleu_vs_ref": 0.003}, control_agreement_min={},
                      latency_max_regression={})
     assert results(decide(c, k, cfg, False)) == [
         ("quality_non_inferiority", "quality/bleu_vs_ref", "fail", "quality/bleu_vs_ref: control 40, candidate 39, "
@@ -157,7 +158,7 @@ def test_quality_on_point_values_and_on_a_control_that_scores_zero():
 
 
 def test_a_latency_change_against_a_zero_control_is_undefined_not_a_pass():
-    cfg = GateConfig(quality_margins_rel={}, control_agreement_min={}, latency_max_regression={"perf/ttft_ms_p50": 0.1},
+    cfg = GateConfig(**NO_TF, quality_margins_rel={}, control_agreement_min={}, latency_max_regression={"perf/ttft_ms_p50": 0.1},
                      run_noise=NOISE)
     v = decide(even_arm("c", ttft_share=0.0), even_arm("k"), cfg, False)
     assert results(v) == [("latency_max_regression", "perf/ttft_ms_p50", "inconclusive", "perf/ttft_ms_p50: control 0, "
@@ -166,19 +167,19 @@ def test_a_latency_change_against_a_zero_control_is_undefined_not_a_pass():
 
 
 def test_no_gates_is_inconclusive_never_a_pass():
-    v = decide(even_arm("c"), even_arm("k"), GateConfig(quality_margins_rel={}, control_agreement_min={},
+    v = decide(even_arm("c"), even_arm("k"), GateConfig(**NO_TF, quality_margins_rel={}, control_agreement_min={},
                                                         latency_max_regression={}), False)
     assert (v.status, results(v)) == ("inconclusive", [("config", "", "inconclusive",
                                                         "no gates configured: nothing was checked", None, None)])
 
 
 def test_verdict_table_and_json():
-    v = decide(even_arm("c"), even_arm("k"), GateConfig(quality_margins_rel={}, control_agreement_min={},
+    v = decide(even_arm("c"), even_arm("k"), GateConfig(**NO_TF, quality_margins_rel={}, control_agreement_min={},
                                                         latency_max_regression={}, n_boot=50), False)
     assert verdict_table(v) == ("verdict: INCONCLUSIVE (exit 2)\n"
                                 "  [inconclusive] config:  no gates configured: nothing was checked")
     d = decide(even_arm("c"), even_arm("k", extra={"perf/peak_mem_gb": float("inf")}),
-               GateConfig(memory_ceilings_gb={"perf/peak_mem_gb": 1}, quality_margins_rel={},
+               GateConfig(**NO_TF, memory_ceilings_gb={"perf/peak_mem_gb": 1}, quality_margins_rel={},
                           control_agreement_min={}, latency_max_regression={}), False).to_dict()
     assert d["gates"][0]["candidate"] is None  # not finite: JSON null, the reason says what it was
 
