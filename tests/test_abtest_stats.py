@@ -3,10 +3,14 @@ checked against a hand-written paired percentile bootstrap) and the run-pair lat
 coverage is simulated."""
 from __future__ import annotations
 
+import math
+import re
+
 import numpy as np
 import pytest
+from scipy import stats as sps
 
-from abtest.run_pairs import align_runs, pair_interval, run_noise_from_aa
+from abtest.run_pairs import align_runs, pair_interval, run_noise_from_aa, t_interval
 from abtest.stats import Interval, bootstrap_mean_delta
 from traffic.request import RequestRecord
 
@@ -150,3 +154,32 @@ def test_a_known_slowdown_is_detected(calibrated) -> None:
     ivs = [simulate(rng, 2, run_sd=0.08, slowdown=0.5, prior=calibrated) for _ in range(50)]
     assert np.mean([iv.low > 0.10 for iv in ivs]) > 0.9
     assert np.median([iv.estimate for iv in ivs]) == pytest.approx(0.5, abs=0.05)
+
+
+def test_t_interval_pools_prior_and_pairs_exactly() -> None:
+    # three pairs d = 0.1, 0.2, 0.3: own SS = 0.02 over 2 df; a prior SD 0.1 weighted as 4 pairs: run variance
+    # (4 * 0.01 + 0.02) / 6 = 0.01; half width t(0.95, 6) * sqrt(1e-4 + 0.01 / 3) around the mean 0.2
+    iv = t_interval(np.array([0.1, 0.2, 0.3]), 1e-4, 0.1, 4.0, alpha=0.1, n=7)
+    half = sps.t.ppf(0.95, 6) * math.sqrt(1e-4 + 0.01 / 3)
+    assert (iv.pairs, iv.n, iv.df, iv.request_var) == (3, 7, 6.0, 1e-4)
+    assert iv.pair_log_ratios == [0.1, 0.2, 0.3]
+    assert iv.run_sd == pytest.approx(0.1, rel=1e-12)
+    assert (iv.estimate, iv.low, iv.high) == pytest.approx((math.expm1(0.2), math.expm1(0.2 - half),
+                                                           math.expm1(0.2 + half)), rel=1e-12)
+    # no prior: the weight does not count, the pairs' own spread alone (SS 0.02 over 2 df)
+    own = t_interval([0.1, 0.2, 0.3], 0.0, None, 4.0)
+    assert own.df == 2 and own.run_sd == pytest.approx(0.1, rel=1e-12) and own.n == 0
+    assert own.high == pytest.approx(math.expm1(0.2 + sps.t.ppf(0.975, 2) * 0.1 / math.sqrt(3)), rel=1e-12)
+    # one pair with a prior: the prior alone
+    one = t_interval([0.05], 0.0, 0.02, 2.0)
+    assert one.df == 2 and one.run_sd == pytest.approx(0.02, rel=1e-12)
+    message = ("one run pair and no gate.run_noise prior: run-to-run noise is unmeasured "
+               "(give ab.repeats >= 2, or gate.run_noise from an A/A sweep)")
+    with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
+        t_interval([0.05], 0.0, None, 4.0)
+
+
+def test_run_noise_from_aa_is_the_rms_about_zero() -> None:
+    assert run_noise_from_aa([0.3, -0.4]) == (pytest.approx(math.sqrt(0.125), rel=1e-12), 2)
+    with pytest.raises(ValueError, match="^no A/A pairs to measure run noise from$"):
+        run_noise_from_aa([])

@@ -226,6 +226,8 @@ def test_ladder_table_compares_the_baseline_with_the_last_accepted_rung():
         "| 2 | flash_attn | fail | 1000 | - | - | - | 0.5 |"])
     only_base = ladder_table(rungs[:1]).splitlines()
     assert only_base[0] == "| metric | baseline | all on (none) | change |" and only_base[2].endswith("| +0.0% |")
+    two_kept = [*rungs[:2], {**rungs[2], "status": "pass", "accepted_rung": 2}]
+    assert ladder_table(two_kept).splitlines()[0] == "| metric | baseline | all on (paged_kv+flash_attn) | change |"
 
 
 def test_rung_opts_and_what_keeps_a_rung():
