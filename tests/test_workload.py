@@ -257,3 +257,172 @@ def test_prompts_come_from_sharegpt_only_where_the_data_root_has_it(tmp_path):
     (tmp_path / SHAREGPT_PATH).parent.mkdir(parents=True)
     (tmp_path / SHAREGPT_PATH).write_text("[]")
     assert _has_sharegpt(str(tmp_path))
+
+
+# --- exact compositions: each workload is its seeded parts, put together as the module docstring says ---
+def _sharegpt_root(tmp_path, prompts):
+    from traffic.materialize import SHAREGPT_PATH
+
+    f = tmp_path / SHAREGPT_PATH
+    f.parent.mkdir(parents=True, exist_ok=True)
+    f.write_text(json.dumps([{"id": str(i), "conversations": [{"from": "human", "value": p},
+                                                               {"from": "gpt", "value": "ok"}]}
+                             for i, p in enumerate(prompts)]))
+    return str(tmp_path)
+
+
+def test_builtin_workload_is_exactly_its_seeded_parts(tmp_path):
+    from traffic.materialize import BUILTIN_TEXT
+    from traffic.workload import _log_normal
+
+    root = _sharegpt_root(tmp_path, ["a sharegpt prompt", "another one"])  # auto must still pick builtin
+    w = build_workload(WorkloadConfig(num_requests=12, seed=3), TOK, max_model_len=10000, data_root=root)
+    ins, outs = _log_normal([32, 384], 12, 3), _log_normal([8, 96], 12, 4)
+    assert [r.input_len for r in w.requests] == ins and [r.output_len for r in w.requests] == outs
+    sched = poisson_arrivals(12, 2.0, 7)
+    assert [r.scheduled_at for r in w.requests] == sched
+    rows = [TraceRow(0.0, i, o) for i, o in zip(ins, outs)]
+    assert [r.prompt_token_ids for r in w.requests] == materialize(rows, builtin_pool(), TOK, seed=5)
+    assert all(r.prompt == TOK.decode(r.prompt_token_ids) and r.ignore_eos for r in w.requests)
+    assert w.stats == {"traffic/skipped_rows": 0.0, "traffic/reordered_rows": 0.0, "traffic/num_requests": 12.0,
+                       "traffic/changed_lengths": 0.0, "traffic/duration_s": sched[-1] - sched[0],
+                       "traffic/mean_rate_req_s": mean_rate(sched)}
+    assert w.warnings == [] and (w.mode, w.concurrency) == ("open", 4)
+    assert w.source == f"builtin; prompts: 12 of 12 cut from {BUILTIN_TEXT}"
+
+
+def test_gamma_and_closed_workloads_use_their_settings():
+    w = build_workload(WorkloadConfig(num_requests=6, arrival="gamma", rate=3.0, cv=2.5, seed=1), TOK, 10000)
+    assert [r.scheduled_at for r in w.requests] == gamma_arrivals(6, 3.0, 2.5, 5)
+    c = build_workload(WorkloadConfig(num_requests=6, arrival="closed", concurrency=2), TOK, 10000)
+    assert (c.mode, c.concurrency) == ("closed", 2)
+    assert c.stats["traffic/duration_s"] == 0.0 and c.stats["traffic/mean_rate_req_s"] == 0.0
+
+
+def test_sharegpt_workload_keeps_its_prompts_and_draws_outputs(tmp_path):
+    from traffic.materialize import SHAREGPT_PATH
+    from traffic.workload import _log_normal
+
+    prompts = ["first prompt here", "second", "a third, longer prompt"]
+    root = _sharegpt_root(tmp_path, prompts)
+    w = build_workload(WorkloadConfig(name="sharegpt", num_requests=3, sampling="head", seed=2), TOK, 10000, root)
+    assert [TOK.decode(r.prompt_token_ids) for r in w.requests] == prompts
+    assert [r.output_len for r in w.requests] == _log_normal([8, 96], 3, 5)
+    assert w.stats["traffic/ks_input_len"] == 0.0 and w.stats["traffic/ks_output_len"] == 0.0
+    path = str(tmp_path / SHAREGPT_PATH)
+    assert w.source == f"sharegpt:{path}; prompts: 3 of 3 from the trace's own prompt text"
+
+
+def test_trace_workload_cuts_prompts_from_the_data_roots_sharegpt(tmp_path):
+    from traffic.materialize import SHAREGPT_PATH
+
+    root = _sharegpt_root(tmp_path, ["pool text one", "pool text two"])
+    path = write_jsonl(tmp_path, "t.jsonl", [{"input_tokens": 4, "output_tokens": 1}] * 3)
+    w = build_workload(WorkloadConfig(name="jsonl", path=path, num_requests=3), TOK, 512, root)
+    assert w.source == f"jsonl:{path}; prompts: 3 of 3 cut from {tmp_path / SHAREGPT_PATH}"
+
+
+def test_skipped_rows_are_counted_and_reported(tmp_path):
+    path = write_jsonl(tmp_path, "t.jsonl", [{"timestamp": 0, "input_tokens": 5, "output_tokens": 2},
+                                             {"timestamp": 1, "input_tokens": -1, "output_tokens": 2},
+                                             {"timestamp": 2, "input_tokens": 6, "output_tokens": 3}])
+    w = build_workload(WorkloadConfig(name="jsonl", path=path, num_requests=2, on_bad_row="skip"), TOK, 512)
+    assert w.stats["traffic/skipped_rows"] == 1.0 and w.stats["traffic/reordered_rows"] == 0.0
+    assert w.warnings == [f"{path}: skipped 1 bad rows (on_bad_row=skip)"]
+
+
+def _irregular_trace(tmp_path, n=60):
+    return write_jsonl(tmp_path, "t.jsonl", [{"timestamp": i * i / 100, "input_tokens": 5 + i,
+                                              "output_tokens": 1 + i % 7} for i in range(n)])
+
+
+def test_window_sampling_and_its_trace_schedule_are_seeded(tmp_path):
+    from traffic.sampling import ks_distance, window_sample
+
+    path = _irregular_trace(tmp_path)
+    full = load_trace("jsonl", path).rows
+    for sampling, seed in (("window", 4), ("stratified", 9)):
+        w = build_workload(WorkloadConfig(name="jsonl", path=path, num_requests=8, sampling=sampling,
+                                          arrival="trace", seed=seed), TOK, 512)
+        win = window_sample(full, 8, seed)
+        assert win[0] > 0
+        assert [r.scheduled_at for r in w.requests] == trace_arrivals([full[i].timestamp_s for i in win])
+        idx = win if sampling == "window" else stratified_sample(full, 8, seed)
+        assert [r.input_len for r in w.requests] == [full[i].input_len for i in idx]
+        assert w.stats["traffic/ks_input_len"] == ks_distance([full[i].input_len for i in idx],
+                                                              [r.input_len for r in full])
+    head = build_workload(WorkloadConfig(name="jsonl", path=path, num_requests=8, sampling="head",
+                                         arrival="trace", time_scale=3.0), TOK, 512)
+    assert [r.scheduled_at for r in head.requests] == trace_arrivals([i * i / 100 for i in range(8)], 3.0)
+
+
+def test_lengths_are_fitted_with_the_configured_policy(tmp_path):
+    path = write_jsonl(tmp_path, "t.jsonl", [{"input_tokens": 90, "output_tokens": 30}] * 2)
+    w = build_workload(WorkloadConfig(name="jsonl", path=path, num_requests=2, length_policy="scale"), TOK, 60)
+    assert [(r.input_len, r.output_len) for r in w.requests] == [(45, 15), (45, 15)]
+    assert w.warnings == ["2 of 2 requests (100%) exceed engine.max_model_len=60 and were scaled down "
+                          "(workload.length_policy=scale); engine.max_model_len=120 fits them all. Most "
+                          "requests changed: this replay does not have the trace's lengths"]
+
+
+@pytest.mark.parametrize("rows, changed, policy, block_tokens, expect", [
+    ([TraceRow(0, 1000, 10, hash_ids=[1, 2]), TraceRow(0, 100, 10, hash_ids=[3]), TraceRow(0, 50, 5),
+      TraceRow(0, 10, 512, hash_ids=[4])], 3, "clip", 512,
+     "3 of 4 requests (75%) exceed engine.max_model_len=512 and were clipped (workload.length_policy=clip); "
+     "engine.max_model_len=1010 fits them all, or workload.block_tokens=257 (prompt blocks of 257 tokens "
+     "instead of 512). Most requests changed: this replay does not have the trace's lengths"),
+    ([TraceRow(0, 100, 10, hash_ids=[3]), TraceRow(0, 2000, 5)], 1, "clip", 512,  # unhashed rows do not shrink
+     "1 of 2 requests (50%) exceed engine.max_model_len=512 and were clipped (workload.length_policy=clip); "
+     "engine.max_model_len=2005 fits them all"),
+    ([TraceRow(0, 1, 511, hash_ids=[1])], 1, "scale", 16,
+     "1 of 1 requests (100%) exceed engine.max_model_len=512 and were scaled down (workload.length_policy=scale); "
+     "engine.max_model_len=512 fits them all. Most requests changed: this replay does not have the trace's lengths"),
+    ([TraceRow(0, 16, 511, hash_ids=[1]), TraceRow(0, 1, 1)], 1, "clip", 16,  # fit exactly 1
+     "1 of 2 requests (50%) exceed engine.max_model_len=512 and were clipped (workload.length_policy=clip); "
+     "engine.max_model_len=527 fits them all, or workload.block_tokens=1 (prompt blocks of 1 tokens instead of 512)"),
+    ([TraceRow(0, 16, 496, hash_ids=[1]), TraceRow(0, 1, 1), TraceRow(0, 1, 1)], 1, "clip", 16,  # fit == block
+     "1 of 3 requests (33%) exceed engine.max_model_len=512 and were clipped (workload.length_policy=clip); "
+     "engine.max_model_len=512 fits them all"),
+])
+def test_fit_warning_says_what_changed_and_what_would_fit(rows, changed, policy, block_tokens, expect):
+    from traffic.workload import _fit_warning
+
+    cfg = WorkloadConfig(name="mooncake", path="x", length_policy=policy, block_tokens=block_tokens)
+    assert _fit_warning(rows, changed, 512, cfg) == expect
+
+
+def test_scale_blocks_rescales_only_hash_rows():
+    from traffic.workload import _scale_blocks
+
+    plain = [TraceRow(1.5, 100, 3, prompt_text="p", output_text="o")]
+    warnings = []
+    assert _scale_blocks(plain, 16, warnings) is plain and warnings == []
+    rows = plain + [TraceRow(2.5, 1024, 4, hash_ids=[1, 2], prompt_text="q", output_text="r"),
+                    TraceRow(3.5, 10, 5, hash_ids=[3])]
+    assert _scale_blocks(rows, 512, warnings) is rows and warnings == []
+    assert _scale_blocks(rows, 16, warnings) == [
+        TraceRow(1.5, 100, 3, prompt_text="p", output_text="o"),
+        TraceRow(2.5, 32, 4, hash_ids=[1, 2], prompt_text="q", output_text="r"),
+        TraceRow(3.5, 1, 5, hash_ids=[3])]  # 10 * 16/512 rounds to 0: raised to 1
+    assert warnings == ["hash-block rows: input lengths scaled by block_tokens/512 = 16/512"]
+
+
+@pytest.mark.parametrize("field, value, expect", [
+    ("num_requests", True, "workload.num_requests must be an integer >= 1, got True"),
+    ("rate", float("inf"), "workload.rate must be a number > 0, got inf"),
+    ("input_len_range", [1, 2, 3], "workload.input_len_range must be [low, high] integers with 1 <= low <= high, "
+                                   "got [1, 2, 3]"),
+    ("arrival", "trace", "workload.arrival=trace needs a timed trace, and workload.name='builtin' has none; use "
+                         "it with azure_conv, mooncake, jsonl, or set arrival to poisson, gamma or closed"),
+    ("name", "jsonl", "workload.name=jsonl needs workload.path=<file> (absolute, or under the data root)"),
+])
+def test_config_error_messages_are_whole(field, value, expect):
+    with pytest.raises(ValueError) as e:
+        WorkloadConfig(**{field: value})
+    assert str(e.value) == expect
+
+
+def test_config_boundaries_are_accepted():
+    cfg = WorkloadConfig(num_requests=1, concurrency=1, block_tokens=1, input_len_range=[1, 1],
+                         output_len_range=[1, 1])
+    assert (cfg.num_requests, cfg.block_tokens, cfg.input_len_range) == (1, 1, [1, 1])
