@@ -140,3 +140,55 @@ def test_window_starts_anywhere_from_the_first_row_to_the_last_that_fits():
     starts = {window_sample(rows, 10, seed=s)[0] for s in range(200)}
     assert starts == {0, 1, 2}
     assert window_sample(rows, 12, seed=0) == list(range(12))
+
+
+# --- exact small cases: each number follows from the inputs ---
+def test_sample_size_and_empty_trace_are_checked():
+    rows = [TraceRow(0.0, 1, 1)] * 3
+    assert len(stratified_sample(rows, 1, 0)) == 1 and len(window_sample(rows, 1, 0)) == 1
+    with pytest.raises(ValueError) as e:
+        window_sample([], 1, 0)
+    assert str(e.value) == "cannot sample from an empty trace"
+
+
+def test_quantile_bins_are_exact_and_ties_go_right():
+    from traffic.sampling import _quantile_bins
+
+    assert _quantile_bins(np.arange(1, 9), 4).tolist() == [0, 0, 1, 1, 2, 2, 3, 3]
+    assert _quantile_bins(np.array([1, 2, 2, 3]), 2).tolist() == [0, 1, 1, 1]  # the median 2 is an edge
+
+
+def test_largest_remainder_hands_leftovers_to_the_largest_remainders_first():
+    from traffic.sampling import _largest_remainder
+
+    assert _largest_remainder(np.array([5, 3, 2]), 5).tolist() == [3, 1, 1]  # ties: the first cell
+    assert _largest_remainder(np.array([2, 9]), 5).tolist() == [1, 4]  # remainder .91 beats .09
+    assert _largest_remainder(np.ones(20, dtype=int), 10).tolist() == [1] * 10 + [0] * 10  # stable on ties
+
+
+def test_small_samples_are_one_cell_and_larger_ones_are_stratified_in_cell_order():
+    rows = [TraceRow(float(i), 10 + i, 5) for i in range(30)]
+    picked = np.random.default_rng(3).choice(np.arange(30), size=4, replace=False)
+    assert stratified_sample(rows, 4, 3) == sorted(picked.tolist())  # n < 10: k = 1, a single cell
+    # 100 rows, n = 20: k = 2, cells (input half, output half) of sizes 40, 10, 10, 40 get 8, 2, 2, 8
+    rows = [TraceRow(float(i), i, 1 + int((i < 50) == (i % 5 != 0))) for i in range(100)]
+    cells = [[i for i in range(100) if (i >= 50, rows[i].output_len) == key]
+             for key in ((False, 1), (False, 2), (True, 1), (True, 2))]
+    assert [len(c) for c in cells] == [10, 40, 40, 10]
+    rng = np.random.default_rng(7)
+    expect = [j for c, a in zip(cells, (2, 8, 8, 2)) for j in rng.choice(np.array(c), size=a, replace=False)]
+    assert stratified_sample(rows, 20, 7) == sorted(expect)
+
+
+def test_ks_distance_of_single_values_and_its_message():
+    assert ks_distance([1.0], [2.0]) == 1.0
+    assert ks_distance([1, 2], [1, 2, 3, 4]) == 0.5
+    with pytest.raises(ValueError) as e:
+        ks_distance([], [1.0])
+    assert str(e.value) == "ks_distance needs two non-empty samples"
+
+
+def test_fit_lengths_boundaries_and_scale_floors():
+    rows = [TraceRow(0.0, 60, 40)]
+    assert fit_lengths(rows, 100) == (rows, 0)  # exactly max_model_len fits
+    assert fit_lengths([TraceRow(0.0, 3, 197)], 100, "scale") == ([TraceRow(0.0, 1, 98)], 1)

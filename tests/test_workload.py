@@ -426,3 +426,98 @@ def test_config_boundaries_are_accepted():
     cfg = WorkloadConfig(num_requests=1, concurrency=1, block_tokens=1, input_len_range=[1, 1],
                          output_len_range=[1, 1])
     assert (cfg.num_requests, cfg.block_tokens, cfg.input_len_range) == (1, 1, [1, 1])
+
+
+def test_trace_arrivals_edges_and_messages():
+    assert trace_arrivals([1.0, 3.0]) == [0.0, 2.0]  # time_scale defaults to 1
+    assert trace_arrivals([5.0]) == [0.0] and trace_arrivals([1.0, 1.0, 2.0]) == [0.0, 0.0, 1.0]
+    out = trace_arrivals([1, 3], 2)
+    assert out == [0.0, 4.0] and all(type(t) is float for t in out)
+    for bad, msg in (([], "trace_arrivals needs at least one timestamp"),
+                     ([2.0, 1.0], "trace_arrivals needs timestamps in time order (load_trace sorts them)")):
+        with pytest.raises(ValueError) as e:
+            trace_arrivals(bad)
+        assert str(e.value) == msg
+
+
+def test_mean_rate_is_n_minus_one_over_duration():
+    assert mean_rate([2.0, 3.0, 6.0]) == 0.5 and mean_rate([0.0, 2.0]) == 0.5 and mean_rate([0.0, 0.5]) == 2.0
+    assert mean_rate([0.0]) == 0.0 and mean_rate([1.0, 1.0]) == 0.0
+
+
+# --- materialization, exactly ---
+class BosTokenizer(CharTokenizer):
+    """Adds a BOS id (1) unless told not to, as HF tokenizers do: prompts must never carry it."""
+
+    def encode(self, text, add_special_tokens=True):
+        return ([1] if add_special_tokens else []) + [ord(c) for c in text]
+
+
+def test_pool_windows_wrap_and_pools_carry_no_special_tokens():
+    from traffic.materialize import TokenPool
+
+    assert TokenPool(np.array([10, 11, 12, 13]), "s").window(3, 3) == [13, 10, 11]
+    pool = build_pool(["ab", "c"], BosTokenizer(), "src")
+    assert pool.ids.tolist() == [97, 98, 10, 10, 99, 10, 10] and pool.source == "src"
+    with pytest.raises(ValueError) as e:
+        build_pool([], TOK, "src")
+    assert str(e.value) == "prompt text from src gives no tokens; check the file, or set workload.prompt_source=builtin"
+
+
+def test_materialized_sources_and_starts_are_exact():
+    from traffic.materialize import TokenPool, materialize_with_sources
+
+    pool = TokenPool(np.arange(100, 140), "s")
+    rows = [TraceRow(0, 3, 1, prompt_text="abcdef"), TraceRow(0, 3, 1, prompt_text="abc"),
+            TraceRow(0, 4, 1, prompt_text="a"), TraceRow(0, 3, 1, prompt_text=""),
+            TraceRow(0, 8, 1, hash_ids=[1, 2, 3]), TraceRow(0, 5, 1), TraceRow(0, 2, 1)]
+    prompts, sources = materialize_with_sources(rows, pool, BosTokenizer(), seed=4, block_tokens=8)
+    assert sources == ["own", "own", "own+pool", "pool", "pool", "pool", "pool"]
+    starts = np.random.default_rng(4).choice(40, size=8, replace=False).tolist()  # 1 hash block + 7 rows
+    assert prompts == [[97, 98, 99], [97, 98, 99], [97] + pool.window(starts[3], 3), pool.window(starts[4], 3),
+                       pool.window(starts[0], 8), pool.window(starts[6], 5), pool.window(starts[7], 2)]
+    with pytest.raises(ValueError) as e:
+        materialize_with_sources(rows, pool, TOK, 0, block_tokens=0)
+    assert str(e.value) == "block_tokens must be >= 1, got 0"
+    assert len(materialize_with_sources(rows, pool, TOK, 0, block_tokens=1)[0]) == 7
+
+
+def test_starts_are_distinct_while_the_pool_allows_and_blocks_default_to_512():
+    from traffic.materialize import TokenPool, materialize_with_sources
+
+    pool = TokenPool(np.arange(3), "s")
+    firsts = [p[0] for p in materialize([TraceRow(0, 1, 1)] * 3, pool, TOK, seed=0)]
+    assert firsts == np.random.default_rng(0).choice(3, size=3, replace=False).tolist()
+    big = builtin_pool()
+    rows = [TraceRow(0, 600, 1, hash_ids=[1, 2]), TraceRow(0, 600, 1, hash_ids=[1, 3])]
+    assert materialize(rows, big, TOK, 0) == materialize(rows, big, TOK, 0, block_tokens=512)
+    assert materialize_with_sources(rows, big, TOK, 0)[0] == materialize(rows, big, TOK, 0, block_tokens=512)
+
+
+def test_sources_label_counts_each_kind():
+    from traffic.materialize import sources_label
+
+    assert sources_label(["own", "own+pool", "pool", "pool"], "P") == (
+        "1 of 4 from the trace's own prompt text; 1 of 4 from their own text topped up from P; 2 of 4 cut from P")
+    assert sources_label(["pool"], "P") == "1 of 1 cut from P"
+    assert sources_label(["own", "own"], "P") == "2 of 2 from the trace's own prompt text"
+    assert sources_label(["own+pool"], "P") == "1 of 1 from their own text topped up from P"
+
+
+def test_prompt_texts_pick_their_source(tmp_path, monkeypatch):
+    from traffic.materialize import BUILTIN_TEXT, SHAREGPT_PATH
+
+    monkeypatch.delenv("OPTLADDER_DATA", raising=False)
+    with pytest.raises(ValueError) as e:
+        prompt_texts("web", None, TOK)
+    assert str(e.value) == "prompt_source 'web' is not one of auto, sharegpt, builtin"
+    texts, source = prompt_texts("auto", str(tmp_path), TOK)  # no ShareGPT there: the builtin text
+    assert source == str(BUILTIN_TEXT) and len(texts) > 2
+    assert all(t == t.strip() and "\n\n" not in t and " " in t for t in texts)
+    f = tmp_path / SHAREGPT_PATH
+    f.parent.mkdir(parents=True)
+    f.write_text(json.dumps([{"conversations": [{"from": "human", "value": "hello there"}]}, {"bad": 1},
+                             {"conversations": [{"from": "human", "value": "   "}]},
+                             {"conversations": [{"from": "human", "value": "second"}]}]))
+    for how in ("auto", "sharegpt"):
+        assert prompt_texts(how, str(tmp_path), TOK) == (["hello there", "second"], str(f))
