@@ -66,3 +66,42 @@ def test_pareto_frontier_keeps_only_undominated_points(tmp_path):
     assert {p.name for p in written} == {"pareto.json", "pareto.md", "load_curves.png"}
     assert "| b | workload.rate=2 | 4 | 350 |" in (tmp_path / "pareto.md").read_text()
     assert write_load_curves({"c": []}, tmp_path / "none") == []
+
+
+def test_level_plans_are_whole():
+    from traffic.load_levels import LevelPlan
+
+    reqs = requests([0.0, 1.0])
+    assert plan_levels(reqs, [2, 3], "closed", 1.0, 1.0) == [
+        LevelPlan(0, 2.0, "workload.concurrency", reqs, "closed", 2),
+        LevelPlan(1, 3.0, "workload.concurrency", reqs, "closed", 3)]
+    assert plan_levels(reqs, [4], "poisson", 1.0, 2.0) == [
+        LevelPlan(0, 4.0, "workload.rate", requests([0.0, 0.5]), "open", 1)]
+
+
+@pytest.mark.parametrize("levels, arrival, msg", [
+    ([1.0], "uniform", "workload.arrival='uniform' is not one of ['trace', 'poisson', 'gamma', 'closed']"),
+    ([True], "poisson", "replay.load_levels: each level must be a number > 0, got True"),
+    ([float("inf")], "poisson", "replay.load_levels: each level must be a number > 0, got inf"),
+])
+def test_bad_levels_are_refused_whole(levels, arrival, msg):
+    with pytest.raises(ValueError) as e:
+        plan_levels(requests([0.0]), levels, arrival, 1.0, 1.0)
+    assert str(e.value) == msg
+
+
+def test_level_metrics_edges():
+    from traffic.metrics import SLO
+
+    recs = [record(0, 0.0, 2.0, 10), record(1, 1.0, 3.0, 20)]
+    assert level_metrics(recs)["load/out_tok_s_per_gpu"] == pytest.approx(10.0)  # one GPU by default
+    assert level_metrics(recs, SLO(e2e_s=1.5))["load/goodput_req_s"] == 0.0  # the SLO is the one given
+    assert level_metrics(recs)["load/goodput_req_s"] == pytest.approx(2 / 3)
+    failed = RequestRecord("f", 0.0, 3, 4, sent_at=0.0, finished_at=100.0, ok=False)  # not in flight: failed
+    assert level_metrics(recs + [failed])["load/mean_in_flight"] == pytest.approx(4 / 3)
+    # a 0.5 s makespan: in flight 1.0 on average, 20 tok/s per user
+    short = level_metrics([record(0, 0.0, 0.5, 10)])
+    assert short["load/mean_in_flight"] == pytest.approx(1.0) and short["load/out_tok_s_per_user"] == pytest.approx(20.0)
+    none = level_metrics([failed])
+    assert none["load/mean_in_flight"] == 0.0 and none["load/out_tok_s_per_user"] == 0.0
+    assert none["load/out_tok_s_per_gpu"] == 0.0

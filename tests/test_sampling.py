@@ -163,7 +163,7 @@ def test_largest_remainder_hands_leftovers_to_the_largest_remainders_first():
 
     assert _largest_remainder(np.array([5, 3, 2]), 5).tolist() == [3, 1, 1]  # ties: the first cell
     assert _largest_remainder(np.array([2, 9]), 5).tolist() == [1, 4]  # remainder .91 beats .09
-    assert _largest_remainder(np.ones(20, dtype=int), 10).tolist() == [1] * 10 + [0] * 10  # stable on ties
+    assert _largest_remainder(np.ones(20, dtype=int), 10).tolist() == [1] * 10 + [0] * 10  # ties: the first cells
 
 
 def test_small_samples_are_one_cell_and_larger_ones_are_stratified_in_cell_order():

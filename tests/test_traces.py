@@ -258,3 +258,120 @@ def test_non_ascii_text_is_read_as_utf8(tmp_path):
     s.write_bytes(json.dumps([{"conversations": [{"from": "human", "value": "ça va"}]}] * 2,
                              ensure_ascii=False).encode("utf-8"))
     assert load_trace("sharegpt", str(s), tokenizer=CharTokenizer()).rows[0].prompt_text == "ça va"
+
+
+# --- exact results of small files ---
+def test_zero_lengths_are_rows_and_negatives_are_bad(tmp_path):
+    path = write(tmp_path, "z.jsonl", jsonl([{"timestamp": 0, "input_tokens": 0, "output_tokens": 0},
+                                             {"timestamp": 1, "input_tokens": 3, "output_tokens": 1}]))
+    assert [(r.input_len, r.output_len) for r in load_trace("jsonl", path).rows] == [(0, 0), (3, 1)]
+
+
+def test_too_few_rows_say_how_many_and_what_was_skipped(tmp_path):
+    path = write(tmp_path, "one.jsonl", jsonl([{"input_tokens": 3, "output_tokens": 1}, {"input_tokens": -1}]))
+    with pytest.raises(ValueError) as e:
+        load_trace("jsonl", path, "skip")
+    assert str(e.value) == f"{path}: the trace has 1 usable row (1 bad rows skipped); a workload needs at least 2"
+    path = write(tmp_path, "two.jsonl", jsonl([{"input_tokens": -1}] * 2))
+    with pytest.raises(ValueError) as e:
+        load_trace("jsonl", path, "skip")
+    assert str(e.value) == f"{path}: the trace has no usable rows (2 bad rows skipped); a workload needs at least 2"
+    path = write(tmp_path, "empty.jsonl", "")
+    with pytest.raises(ValueError) as e:
+        load_trace("jsonl", path)
+    assert str(e.value) == f"{path}: the trace has no usable rows; a workload needs at least 2"
+
+
+def test_untimed_and_timed_traces_are_whole(tmp_path):
+    from traffic.traces import LoadedTrace, TraceRow
+
+    path = write(tmp_path, "u.jsonl", jsonl([{"prompt": "ab", "output_tokens": 1}, {"input_tokens": 3, "output": "xyz"}]))
+    assert load_trace("jsonl", path, tokenizer=CharTokenizer()) == LoadedTrace(
+        [TraceRow(0.0, 2, 1, prompt_text="ab"), TraceRow(0.0, 3, 3, output_text="xyz")], 0, 0, path,
+        has_timing=False, warnings=[])
+    path = write(tmp_path, "m.jsonl", jsonl([{"timestamp": 1500, "input_length": 5, "output_length": 2, "hash_ids": [7]},
+                                             {"timestamp": 1000, "input_length": 4, "output_length": 1}]))
+    assert load_trace("mooncake", path) == LoadedTrace(
+        [TraceRow(0.0, 4, 1), TraceRow(0.5, 5, 2, hash_ids=[7])], 0, 1, path, has_timing=True, warnings=[])
+
+
+def test_cut_short_azure_file_is_warned_about(tmp_path):
+    from traffic.traces import _cut_short
+
+    rows = "2023-11-16 18:15:46.5,10,2\n2023-11-16 18:15:47,11,3"
+    path = write(tmp_path, "cut.csv", AZURE_HEADER + rows)
+    assert load_trace("azure", path).warnings == [
+        f"{path}: the last line has no line ending, so the file may have been cut short and its last row may be "
+        f"incomplete; check it"]
+    assert load_trace("azure", write(tmp_path, "ok.csv", AZURE_HEADER + rows + "\n")).warnings == []
+    assert load_trace("azure", write(tmp_path, "crlf.csv", AZURE_HEADER + rows + "\r")).warnings == []
+    mooncake = write(tmp_path, "m.jsonl", jsonl([{"timestamp": t, "input_length": 1, "output_length": 1}
+                                                 for t in (0, 1)]).rstrip("\n"))
+    assert load_trace("mooncake", mooncake).warnings == []  # only Azure CSVs are checked
+    (tmp_path / "empty").write_bytes(b"")
+    (tmp_path / "nl").write_bytes(b"a\n")
+    (tmp_path / "cut").write_bytes(b"a\nb")
+    (tmp_path / "one").write_bytes(b"b")
+    assert [_cut_short(tmp_path / n) for n in ("empty", "nl", "cut", "one")] == [False, False, True, True]
+
+
+def test_azure_rows_parse_exactly_and_bad_ones_name_the_field(tmp_path):
+    path = write(tmp_path, "a.csv", AZURE_HEADER.replace("\n", ",Extra\n") + "2023-11-16 18:15:46,10,2,x\n"
+                 "2023-11-16 18:15:47.25,11,3,y\n")
+    t = load_trace("azure", path)  # extra columns after the three are ignored
+    assert [(r.timestamp_s, r.input_len, r.output_len) for r in t.rows] == [(0.0, 10, 2), (1.25, 11, 3)]
+    for row, why in (("2023-11-16 18:15:46,10,x", "GeneratedTokens 'x' is not an integer"),
+                     ("2023-11-16 18:15:46.5x,10,2", "bad TIMESTAMP '2023-11-16 18:15:46.5x' (want YYYY-MM-DD "
+                                                     "HH:MM:SS.fffffff)")):
+        path = write(tmp_path, "b.csv", AZURE_HEADER + "2023-11-16 18:15:45,1,1\n" + row + "\n")
+        with pytest.raises(ValueError) as e:
+            load_trace("azure", path)
+        assert str(e.value) == f"{path}:3: {why} (workload.on_bad_row=skip skips such rows)"
+
+
+def test_azure_timestamps_are_utc(tmp_path, monkeypatch):
+    import time
+
+    monkeypatch.setenv("TZ", "America/New_York")
+    time.tzset()
+    try:  # across a daylight-saving change: local time would shift the gap by an hour
+        path = write(tmp_path, "dst.csv", AZURE_HEADER + "2023-11-05 00:30:00,1,1\n2023-11-05 02:30:00,1,1\n")
+        assert [r.timestamp_s for r in load_trace("azure", path).rows] == [0.0, 7200.0]
+    finally:
+        monkeypatch.delenv("TZ")
+        time.tzset()
+
+
+def test_sharegpt_turn_roles_and_counts(tmp_path):
+    from traffic.traces import TraceRow
+
+    convs = [{"conversations": ["not a turn", {"from": "user", "value": "hi"}, {"from": "assistant", "value": "yo!"}]},
+             {"conversations": [{"from": "human", "value": "abc"}, {"from": "chatgpt", "value": "d"}]},
+             {"conversations": [{"from": "human", "value": "q"}, {"from": "system", "value": "not a reply"}]},
+             {"id": "x7", "conversations": [{"from": "gpt", "value": "no question"}]},
+             {"conversations": [{"from": "gpt", "value": "none either"}]}]
+    path = write(tmp_path, "s.json", json.dumps(convs))
+    t = load_trace("sharegpt", path, "skip", tokenizer=CharTokenizer())
+    assert t.rows == [TraceRow(0.0, 2, 3, prompt_text="hi", output_text="yo!"),
+                      TraceRow(0.0, 3, 1, prompt_text="abc", output_text="d"),
+                      TraceRow(0.0, 1, 0, prompt_text="q")]
+    assert (t.skipped, t.has_timing) == (2, False)
+    for conv, why in ((convs[3], "no human turn in conversation 'x7'"), (convs[4], "no human turn in conversation '?'")):
+        path = write(tmp_path, "bad.json", json.dumps([convs[1], conv]))
+        with pytest.raises(ValueError) as e:
+            load_trace("sharegpt", path, tokenizer=CharTokenizer())
+        assert str(e.value) == f"{path}:entry 1: {why} (workload.on_bad_row=skip skips such rows)"
+    cases = ((write(tmp_path, "out.json", json.dumps([convs[1]])), "sharegpt", "output"),  # the reply is counted first
+             (write(tmp_path, "in.json", json.dumps([convs[2]])), "sharegpt", "prompt"),
+             (write(tmp_path, "in.jsonl", jsonl([{"prompt": "a", "output_tokens": 1}] * 2)), "jsonl", "prompt"))
+    for path, kind, what in cases:
+        with pytest.raises(ValueError) as e:
+            load_trace(kind, path)
+        assert str(e.value) == f"a row gives '{what}' as text without a token count: pass tokenizer= to count"
+
+
+def test_negative_counts_as_strings_are_integers_and_refused(tmp_path):
+    path = write(tmp_path, "n.csv", AZURE_HEADER + "2023-11-16 18:15:45,1,1\n2023-11-16 18:15:46,-5,1\n")
+    with pytest.raises(ValueError) as e:
+        load_trace("azure", path)
+    assert str(e.value) == f"{path}:3: negative token count (input -5, output 1) (workload.on_bad_row=skip skips such rows)"
