@@ -163,6 +163,12 @@ def cli() -> None:
         _exit[0] = lifecycle.exit_status(e)
         log.error("stopped by %s: what finished is on disk, the MLflow run is KILLED",
                   "SIGINT" if isinstance(e, KeyboardInterrupt) else f"signal {e.signum}")
+        # everything is on disk and every run ended: leave now, without the interpreter's teardown, which can
+        # abort (SIGABRT) on a replay or torch worker thread cut short mid-operation by the signal
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(exit_code(None))
     except BaseException:  # a crash: its traceback, then the exit status of lifecycle.py (70)
         finish_active_sweep()
         traceback.print_exc()
