@@ -26,7 +26,7 @@ FAST = ["model=tiny", "replay.progress=false", "engine.kv_cache_gb=0.05", "engin
 
 def sweep(args: list[str], tmp: Path) -> subprocess.CompletedProcess:
     env = {**os.environ, "OPTLADDER_CACHE": os.environ.get("OPTLADDER_CACHE", str(ROOT / ".cache"))}
-    p = subprocess.run([sys.executable, "run.py", "-m", *args, f"hydra.sweep.dir={tmp / 'sweep'}", *FAST],
+    p = subprocess.run([sys.executable, "run.py", "-m", *FAST, *args, f"hydra.sweep.dir={tmp / 'sweep'}"],
                        cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
     assert p.returncode == 0, p.stderr[-4000:]
     return p
@@ -46,8 +46,11 @@ def parent_and_children(uri: str, experiment: str):
 
 def test_ray_sweep_one_parent_a_child_per_job_and_no_gpu_shared(tmp_path, mlflow_server_uri):
     exp = f"ray-{tmp_path.name}"
+    # regular arrivals 3 s apart: every job replays for at least 9 s, so two jobs Ray runs at once overlap even
+    # when one worker starts seconds after the other on a loaded machine (unpaced, a job lasts about 1.5 s)
     sweep(["hydra/launcher=ray", "hydra.launcher.num_cpus=2", "hydra.launcher.num_gpus=2", "seed=1,2",
-           f"tracking.uri={mlflow_server_uri}", f"tracking.experiment={exp}"], tmp_path)
+           f"tracking.uri={mlflow_server_uri}", f"tracking.experiment={exp}", "workload.arrival=gamma",
+           "workload.cv=0.01", "workload.rate=0.333"], tmp_path)
     parent, children = parent_and_children(mlflow_server_uri, exp)
     assert parent.info.status == "FINISHED" and len(children) == 2
     assert sorted(c.data.params["seed"] for c in children) == ["1", "2"]
@@ -58,7 +61,7 @@ def test_ray_sweep_one_parent_a_child_per_job_and_no_gpu_shared(tmp_path, mlflow
     assert set(device.values()) <= {"0", "1"} and len(device) == 2  # one logical GPU each, granted by Ray
     spans = [(c.info.start_time, c.info.end_time, device[c.data.params["seed"]]) for c in children]
     overlapping = [(a, b) for i, a in enumerate(spans) for b in spans[i + 1:] if a[0] < b[1] and b[0] < a[1]]
-    assert overlapping  # jobs ran at once...
+    assert overlapping, spans  # jobs ran at once...
     assert all(a[2] != b[2] for a, b in overlapping)  # ...never on the same GPU
 
 
