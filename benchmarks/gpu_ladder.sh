@@ -1,0 +1,92 @@
+#!/usr/bin/env bash
+# The main job on the H200 (issue 11), through run.py only: the GPU ladder (Llama-3-8B's shape, random bf16
+# weights: exact agreement with the control decides quality) over the first 500 requests of the Azure
+# conversation trace at its own timestamps, every rung gated against the one before, tracked in MLflow.
+# Two device calls of at most 10 minutes on one warm machine: the first installs the wheelhouse and runs the
+# ladder until its time is up (run.py ends the rung in progress as KILLED and keeps every finished one); the
+# second resumes it (`ladder.resume_from`: finished rungs are read back, the rest run). /tmp survives between
+# calls while the machine stays warm (~30 s idle), so the ladder directory and the MLflow store live there and
+# each call packs them into $OUT.
+# Here, once:
+#   python deploy/wheelhouse.py --out wheelhouse --extras '' --no-vllm-serve     # 66 wheels, 34.4 MiB: one chunk
+#   mkdir -p .gpu-data && cp -r ../shared/data/traces ../shared/data/prompts .gpu-data/
+#   pip download --no-deps -d .stage/mei mlflow-export-import==1.2.0   # the runs' way home (pure Python, 0.1 MiB)
+# Device calls (kind nvidia-h200), back to back:
+#   1  bash benchmarks/gpu_ladder.sh first    carry: wheelhouse .gpu-data .stage/mei
+#   2  bash benchmarks/gpu_ladder.sh resume   carry: .gpu-data
+# Each call ends by exporting the MLflow runs so far (experiments/runs_transfer.py) and packing everything into
+# $OUT/ladder-<mode>.tgz; here, after `tar xzf` of the last one, the runs join this tracking store with
+# `make import-runs FROM=<unpacked>/mlflow-export` (again after a later call: runs already there are skipped).
+# Settings (environment): TS, the trace's time scale (1 = its own timestamps); RUNGS; BASELINE, overrides of the
+# baseline's engine (its static batch); EXTRA, more overrides; BUDGET_S, seconds a call may run the ladder.
+# SMOKE=1 runs the same steps on the tiny model with this checkout's environment (the CPU check of the script).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-$PWD/gpu_out}
+MODE=${1:-first}
+PY=${PY:-python3}
+TS=${TS:-1}
+RUNGS=${RUNGS:-"[paged_kv,flash_attn,dynamic_batching,chunked_prefill,batched_decode,cuda_graphs]"}
+BASELINE=${BASELINE:-"engine.batch_size=64 engine.batch_timeout_ms=50"}
+BUDGET_S=${BUDGET_S:-540}
+STATE=${STATE:-/tmp/optladder-ladder}
+mkdir -p "$OUT" "$STATE/logs"
+export PYTHONUNBUFFERED=1 OPTLADDER_DATA=${OPTLADDER_DATA:-$PWD/.gpu-data}
+ARGS=(+ladder=gpu "ladder.rungs=$RUNGS" model=llama3_8b_shape workload=azure_conv workload.num_requests=500
+      workload.sampling=head workload.time_scale="$TS" engine.max_model_len=4096 engine.kv_cache_gb=60
+      engine.max_num_seqs=256 $BASELINE replay.progress=false tracking.system_metrics=false
+      "tracking.uri=sqlite:///$STATE/mlflow/mlflow.db" ${EXTRA:-})
+if [ -n "${SMOKE:-}" ]; then  # here, on the CPU: the same steps, small
+  ARGS=(+ladder=gpu "ladder.rungs=[paged_kv,dynamic_batching]" model=tiny workload=azure_conv
+        workload.num_requests=6 workload.sampling=head workload.time_scale=20 engine.max_model_len=1024
+        engine.kv_cache_gb=0.05 engine.cpu_threads=1 quality.num_prompts=4 quality.max_new_tokens=8
+        replay.progress=false tracking.system_metrics=false "tracking.uri=sqlite:///$STATE/mlflow/mlflow.db"
+        ${EXTRA:-})
+  BUDGET_S=${SMOKE_BUDGET_S:-$BUDGET_S}
+fi
+
+install() {
+  [ -n "${SMOKE:-}" ] && return 0
+  if [ ! -d /tmp/site-optladder/hydra ]; then
+    $PY deploy/install.py --from wheelhouse --target /tmp/site-optladder 2>&1 | tee "$OUT/install.log" || exit 1
+    # mlflow-export-import without its dependencies: it needs only what mlflow-skinny brings (not the server)
+    $PY -m pip install -q --no-index --no-deps --target /tmp/site-optladder .stage/mei/*.whl || exit 1
+  fi
+  export PYTHONPATH=/tmp/site-optladder
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv | tee "$OUT/nvidia_smi.txt"
+  $PY -c "import sys, torch, transformers, hydra, mlflow; print('python', sys.version.split()[0], 'torch',
+  torch.__version__, 'transformers', transformers.__version__, 'hydra', hydra.__version__, 'mlflow',
+  mlflow.__version__)" | tee "$OUT/versions.txt"
+}
+
+ladder() {  # ladder NAME [overrides]: run.py until BUDGET_S, then SIGTERM (the rung in progress ends KILLED)
+  local name=$1; shift
+  local t0=$SECONDS
+  timeout -s TERM -k 30 "$BUDGET_S" $PY run.py "${ARGS[@]}" "$@" hydra.run.dir="$STATE/$name" \
+    > "$STATE/logs/$name.log" 2>&1
+  local rc=$?
+  printf '%s\t%s\t%s\n' "$name" "$((SECONDS - t0))" "$rc" | tee -a "$STATE/logs/times.tsv"
+  tail -25 "$STATE/logs/$name.log"
+}
+
+case "$MODE" in
+  first) install; ladder first ;;
+  resume)
+    install
+    # from the last call's run directory: every rung that finished there is read back, not run again
+    n=$(ls -d "$STATE"/resume*/ 2>/dev/null | wc -l)
+    last=$STATE/first
+    [ "$n" -gt 0 ] && last=$STATE/resume$((n - 1))
+    [ -d "$last" ] || { echo "no earlier ladder under $STATE: run '$0 first' on this machine first"; exit 2; }
+    ladder "resume$n" ladder.resume_from="$last" ;;
+  *) echo "usage: $0 first|resume"; exit 2 ;;
+esac
+$PY -m experiments.runs_transfer export --uri "sqlite:///$STATE/mlflow/mlflow.db" --out "$STATE/mlflow-export-new" \
+  && rm -rf "$STATE/mlflow-export" && mv "$STATE/mlflow-export-new" "$STATE/mlflow-export"
+# what comes back is at most 8 files: one archive (the run directories, the exported runs, the logs; not the
+# store's own copy of the artifacts) and the ladder's report of the latest call beside it
+last=$(ls -td "$STATE"/first "$STATE"/resume*/ 2>/dev/null | head -1)
+tar czf "$OUT/ladder-$MODE.tgz" -C "$STATE" --exclude=./mlflow/mlartifacts .
+for f in ladder.md ladder.json ladder.png; do [ -f "$last/$f" ] && cp "$last/$f" "$OUT/"; done
+cp "$STATE/logs/times.tsv" "$OUT/" 2>/dev/null
+ls -la "$OUT"

@@ -1,0 +1,83 @@
+"""Runs made on another machine come home (experiments/runs_transfer.py over mlflow-export-import): a ladder-like
+parent with a finished and a killed child, metric histories and artifacts, exported from one SQLite store and
+imported into another, arrive nested with their statuses, params, metrics and files; a second import adds
+nothing; a folder that is not an export is refused by name."""
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("mlflow_export_import")
+from mlflow.tracking import MlflowClient  # noqa: E402
+
+from experiments.runs_transfer import SOURCE_TAG, import_runs  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def make_source(tmp: Path) -> tuple[str, dict]:
+    uri = f"sqlite:///{tmp / 'gpu' / 'mlflow.db'}"
+    (tmp / "gpu").mkdir()
+    client = MlflowClient(uri)
+    exp = client.create_experiment("optladder", (tmp / "gpu" / "mlartifacts").as_uri())
+    parent = client.create_run(exp, run_name="ladder", tags={"optladder.kind": "ladder"})
+    kids = {}
+    for name, status in (("rung-0-baseline", "FINISHED"), ("rung-1-paged_kv", "KILLED")):
+        run = client.create_run(exp, run_name=name, tags={"mlflow.parentRunId": parent.info.run_id})
+        client.log_param(run.info.run_id, "engine.paged_kv", str(name.endswith("paged_kv")))
+        for step, v in enumerate([10.0, 12.5, 11.0]):
+            client.log_metric(run.info.run_id, "perf/ttft_ms_p50", v + len(name), step=step)
+        art = tmp / name
+        art.mkdir()
+        (art / "summary.json").write_text(f'{{"rung": "{name}"}}')
+        client.log_artifacts(run.info.run_id, str(art))
+        client.set_terminated(run.info.run_id, status)
+        kids[name] = run.info.run_id
+    client.log_metric(parent.info.run_id, "ladder/rungs_passed", 1)
+    client.set_terminated(parent.info.run_id, "FINISHED")
+    return uri, {"parent": parent.info.run_id, **kids}
+
+
+def test_runs_arrive_nested_with_status_metrics_and_files_and_a_second_import_adds_nothing(tmp_path):
+    src_uri, ids = make_source(tmp_path)
+    out = tmp_path / "export"
+    p = subprocess.run([sys.executable, "-m", "experiments.runs_transfer", "export", "--uri", src_uri,
+                        "--out", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert "3 run(s)" in p.stdout
+
+    dst_uri = f"sqlite:///{tmp_path / 'home' / 'mlflow.db'}"
+    (tmp_path / "home").mkdir()
+    MlflowClient(dst_uri).create_experiment("optladder", (tmp_path / "home" / "mlartifacts").as_uri())
+    report = import_runs(out, dst_uri)
+    assert report == [{"experiment": "optladder", "runs": 3, "imported": 3, "already_there": 0}]
+
+    client = MlflowClient(dst_uri)
+    exp = client.get_experiment_by_name("optladder")
+    runs = {r.data.tags[SOURCE_TAG]: r for r in client.search_runs([exp.experiment_id])}
+    assert set(runs) == set(ids.values())
+    parent = runs[ids["parent"]]
+    assert parent.info.run_id != ids["parent"]  # a new run in the new store
+    assert "mlflow.parentRunId" not in parent.data.tags and parent.data.metrics["ladder/rungs_passed"] == 1
+    for name in ("rung-0-baseline", "rung-1-paged_kv"):
+        kid = runs[ids[name]]
+        assert kid.data.tags["mlflow.parentRunId"] == parent.info.run_id
+        assert kid.info.run_name == name
+        history = [m.value for m in client.get_metric_history(kid.info.run_id, "perf/ttft_ms_p50")]
+        assert history == [v + len(name) for v in (10.0, 12.5, 11.0)]
+        local = client.download_artifacts(kid.info.run_id, "summary.json", str(tmp_path / f"dl-{name}"))
+        assert name in Path(local).read_text()
+    assert runs[ids["rung-0-baseline"]].info.status == "FINISHED"
+    assert runs[ids["rung-1-paged_kv"]].info.status == "KILLED"  # the tool alone would say FINISHED
+
+    again = import_runs(out, dst_uri)
+    assert again == [{"experiment": "optladder", "runs": 3, "imported": 0, "already_there": 3}]
+    assert len(client.search_runs([exp.experiment_id])) == 3
+
+
+def test_a_folder_that_is_not_an_export_is_refused_by_name(tmp_path):
+    with pytest.raises(SystemExit, match="no experiments.json"):
+        import_runs(tmp_path, f"sqlite:///{tmp_path / 'mlflow.db'}")
