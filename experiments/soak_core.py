@@ -2,7 +2,8 @@
 the reference engine behind its HTTP server, fed a workload in a loop for `soak.duration_min` (each pass at
 the workload's own timing, one pass after the other), bad requests mixed in at `soak.bad_request_rate`,
 memory and KV sampled every `soak.sample_s`, a report per window and the verdict gates of abtest/soak.py.
-requests.jsonl and bad_requests.jsonl are written as requests end; soak.json, soak.md and soak.png at the end.
+requests.jsonl and bad_requests.jsonl are written as requests end; soak.json, soak.md and soak.png at the end,
+the windows built from requests.jsonl read back (a record is not held in memory once it is on disk).
 """
 from __future__ import annotations
 
@@ -30,6 +31,7 @@ from traffic.thread_client import replay_threads
 log = logging.getLogger(__name__)
 MIB = float(1 << 20)
 CLIENTS = {"locust": replay_http, "threads": replay_threads}
+GOOD_FIELDS = ("sent_at", "first_token_at", "finished_at", "scheduled_at", "output_tokens", "ok", "error")
 
 
 def looped(requests: list[Request], duration_s: float) -> list[Request]:
@@ -67,20 +69,19 @@ def soak_replay(backend, workload: list[Request], cfg: SoakConfig, run_dir: Path
     log.info("soak %s: %d requests over %.0f min (%d passes of the workload), %d bad requests", cfg.name,
              len(requests), cfg.duration_min, len({r.id.rsplit('.', 1)[1] for r in requests}), len(bad_plan))
     key = secrets.token_hex(16)
-    good: list[dict] = []
     bad: list[dict] = []
     samples: list[Sample] = []
     t0 = time.monotonic()
     offset = [float("inf")]  # the locust worker's clock starts later than ours: the least arrival lag
     with serve(backend.stepper, host, 0, model, api_key=key, max_body_bytes=cfg.max_body_bytes) as server, \
             open(run_dir / "requests.jsonl", "a") as f, open(run_dir / "bad_requests.jsonl", "a") as fb:
+        start = f.tell()  # this soak's records: read back from here at the end, not held meanwhile
+
         def on_record(rec: RequestRecord) -> None:
             f.write(rec.to_json() + "\n")
             f.flush()
             if rec.finished_at is not None:
                 offset[0] = min(offset[0], time.monotonic() - t0 - rec.finished_at)
-            good.append({k: getattr(rec, k) for k in ("sent_at", "first_token_at", "finished_at", "scheduled_at",
-                                                      "output_tokens", "ok", "error")})
             rec.token_times, rec.output_text = [], ""  # on disk now: a 30-min soak must not grow by its records
 
         stop = threading.Event()
@@ -98,9 +99,7 @@ def soak_replay(backend, workload: list[Request], cfg: SoakConfig, run_dir: Path
         kv_free, aborted = engine.block_manager.all_free(), server.loop.aborted
     end = time.monotonic() - t0
     shift = offset[0] if offset[0] != float("inf") else 0.0
-    for r in good:  # into our clock, where the samples and the bad requests are
-        for k in ("sent_at", "first_token_at", "finished_at", "scheduled_at"):
-            r[k] = None if r[k] is None else r[k] + shift
+    good = _read_good(run_dir / "requests.jsonl", start, shift)
     wins = windows(good, bad, samples, cfg.window_s, end)
     gates = decide(cfg, wins, samples, len(requests), len(bad_plan), good, bad, kv_free, aborted, end)
     verdict = "pass" if all(g.status == "pass" for g in gates) else "fail"
@@ -119,6 +118,21 @@ def window_metrics(w: dict) -> dict[str, float]:
     numbers.update({k: w[k] for k in ("rss_mib", "anon_mib", "device_mib", "errors", "requests", "kv_used_blocks",
                                       "kv_free_blocks") if w[k] is not None})
     return {f"soak/{k}": float(v) for k, v in numbers.items()}
+
+
+def _read_good(path: Path, start: int, shift: float) -> list[dict]:
+    """The fields the windows and gates need of each request record on disk from byte `start` on (this soak's),
+    in the order they finished, their times shifted by `shift` into our clock (the samples' and bad requests')."""
+    out = []
+    with open(path, "rb") as f:
+        f.seek(start)
+        for line in f:
+            rec = json.loads(line)
+            r = {k: rec[k] for k in GOOD_FIELDS}
+            for k in ("sent_at", "first_token_at", "finished_at", "scheduled_at"):
+                r[k] = None if r[k] is None else r[k] + shift
+            out.append(r)
+    return out
 
 
 def _sample(engine, every_s: float, t0: float, out: list[Sample], stop: threading.Event) -> None:
