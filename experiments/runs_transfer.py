@@ -25,8 +25,6 @@ import sys
 from pathlib import Path
 from types import SimpleNamespace
 
-from experiments.tracking import ensure_experiment, resolve_uri
-
 SOURCE_TAG = "optladder.source_run_id"
 PARENT_TAG = "mlflow.parentRunId"
 
@@ -63,12 +61,13 @@ def export_runs(uri: str, out: Path, quiet: bool = True) -> dict:
     """Every experiment of the store at `uri` (with runs) written under `out`; the tool's own summary."""
     from mlflow.tracking import MlflowClient
 
-    export_experiments, _ = _tool()
     client = MlflowClient(uri)
     names = [e.name for e in client.search_experiments() if client.search_runs([e.experiment_id], max_results=1)]
     if not names:
         raise SystemExit(f"no experiment with runs in {uri}: nothing to export")
+    # imported inside: the tool reads (and prints) the tracking URI when it is first imported
     with _store(uri), contextlib.redirect_stdout(io.StringIO()) if quiet else contextlib.nullcontext():
+        export_experiments, _ = _tool()
         export_experiments(client, experiments=names, output_dir=str(out))
     return json.loads((out / "experiments.json").read_text())
 
@@ -85,7 +84,8 @@ def import_runs(src: Path, uri: str, prefix: str = "", quiet: bool = True) -> li
     runs already there. Raises SystemExit naming what did not arrive as exported."""
     from mlflow.tracking import MlflowClient
 
-    _, RunImporter = _tool()
+    from experiments.tracking import ensure_experiment, resolve_uri  # here only: export needs none of the project
+
     top = src / "experiments.json"
     if not top.is_file():
         raise SystemExit(f"{src} holds no experiments.json: not a folder written by `runs_transfer export` "
@@ -93,6 +93,8 @@ def import_runs(src: Path, uri: str, prefix: str = "", quiet: bool = True) -> li
     experiments = json.loads(top.read_text())["mlflow"]["experiments"]
     uri = resolve_uri(uri)
     with _store(uri):
+        with contextlib.redirect_stdout(io.StringIO()) if quiet else contextlib.nullcontext():
+            _, RunImporter = _tool()
         client = MlflowClient(uri)
         for exp in experiments:  # with this project's artifact location rules, as run.py would create it
             ensure_experiment(client, SimpleNamespace(experiment=prefix + exp["name"], uri=uri, artifact_location=None))
