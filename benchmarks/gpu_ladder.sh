@@ -18,7 +18,9 @@
 # $OUT/ladder-<mode>.tgz; here, after `tar xzf` of the last one, the runs join this tracking store with
 # `make import-runs FROM=<unpacked>/mlflow-export` (again after a later call: runs already there are skipped).
 # Settings (environment): TS, the trace's time scale (1 = its own timestamps); RUNGS; BASELINE, overrides of the
-# baseline's engine (its static batch); EXTRA, more overrides; BUDGET_S, seconds a call may run the ladder.
+# baseline's engine (its static batch); EXTRA, more overrides; DEADLINE_S, seconds from the start by which a
+# call has packed its results (570; the ladder gets what is left less 60 s). Exit status: the ladder's (124:
+# cut at the deadline, resume it).
 # SMOKE=1 runs the same steps on the tiny model with this checkout's environment (the CPU check of the script).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -28,10 +30,13 @@ PY=${PY:-python3}
 TS=${TS:-1}
 RUNGS=${RUNGS:-"[paged_kv,flash_attn,dynamic_batching,chunked_prefill,batched_decode,cuda_graphs]"}
 BASELINE=${BASELINE:-"engine.batch_size=64 engine.batch_timeout_ms=50"}
-BUDGET_S=${BUDGET_S:-540}
+DEADLINE_S=${DEADLINE_S:-570}  # seconds from this script's start by which everything is packed (a call: 600)
 STATE=${STATE:-/tmp/optladder-ladder}
+case "$MODE" in first|resume) ;; *) echo "usage: $0 first|resume"; exit 2 ;; esac
+[ "$MODE" = first ] && rm -rf "$STATE"  # a fresh ladder: nothing of an earlier one on this machine is reused
 mkdir -p "$OUT" "$STATE/logs"
 export PYTHONUNBUFFERED=1 OPTLADDER_DATA=${OPTLADDER_DATA:-$PWD/.gpu-data}
+set -f  # BASELINE and EXTRA are split into overrides, never expanded as file patterns ([a,b] is one)
 ARGS=(+ladder=gpu "ladder.rungs=$RUNGS" model=llama3_8b_shape workload=azure_conv workload.num_requests=500
       workload.sampling=head workload.time_scale="$TS" engine.max_model_len=4096 engine.kv_cache_gb=60
       engine.max_num_seqs=256 $BASELINE replay.progress=false tracking.system_metrics=false
@@ -42,51 +47,59 @@ if [ -n "${SMOKE:-}" ]; then  # here, on the CPU: the same steps, small
         engine.kv_cache_gb=0.05 engine.cpu_threads=1 quality.num_prompts=4 quality.max_new_tokens=8
         replay.progress=false tracking.system_metrics=false "tracking.uri=sqlite:///$STATE/mlflow/mlflow.db"
         ${EXTRA:-})
-  BUDGET_S=${SMOKE_BUDGET_S:-$BUDGET_S}
 fi
+set +f
 
 install() {
   [ -n "${SMOKE:-}" ] && return 0
   if [ ! -d /tmp/site-optladder/hydra ]; then
-    $PY deploy/install.py --from wheelhouse --target /tmp/site-optladder 2>&1 | tee "$OUT/install.log" || exit 1
-    # mlflow-export-import without its dependencies: it needs only what mlflow-skinny brings (not the server)
+    $PY deploy/install.py --from wheelhouse --target /tmp/site-optladder > "$STATE/logs/install.log" 2>&1 \
+      || { tail -20 "$STATE/logs/install.log"; exit 1; }
+    # mlflow-export-import without its dependencies: mlflow-skinny, pandas and tabulate are there
     $PY -m pip install -q --no-index --no-deps --target /tmp/site-optladder .stage/mei/*.whl || exit 1
   fi
   export PYTHONPATH=/tmp/site-optladder
-  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv | tee "$OUT/nvidia_smi.txt"
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv | tee -a "$STATE/logs/versions.txt"
   $PY -c "import sys, torch, transformers, hydra, mlflow; print('python', sys.version.split()[0], 'torch',
   torch.__version__, 'transformers', transformers.__version__, 'hydra', hydra.__version__, 'mlflow',
-  mlflow.__version__)" | tee "$OUT/versions.txt"
+  mlflow.__version__)" | tee -a "$STATE/logs/versions.txt"
 }
 
-ladder() {  # ladder NAME [overrides]: run.py until BUDGET_S, then SIGTERM (the rung in progress ends KILLED)
-  local name=$1; shift
+RC=0
+ladder() {  # ladder NAME [overrides]: run.py until 60 s before DEADLINE_S, then SIGTERM (the rung in progress
+  local name=$1; shift                                                            # ends KILLED, the rest stays)
+  local budget=$((DEADLINE_S - SECONDS - 60))
+  [ "$budget" -gt 30 ] || { echo "only ${budget}s left before the deadline: not started"; RC=3; return; }
   local t0=$SECONDS
-  timeout -s TERM -k 30 "$BUDGET_S" $PY run.py "${ARGS[@]}" "$@" hydra.run.dir="$STATE/$name" \
+  timeout -s TERM -k 15 "$budget" $PY run.py "${ARGS[@]}" "$@" hydra.run.dir="$STATE/$name" \
     > "$STATE/logs/$name.log" 2>&1
-  local rc=$?
-  printf '%s\t%s\t%s\n' "$name" "$((SECONDS - t0))" "$rc" | tee -a "$STATE/logs/times.tsv"
+  RC=$?
+  printf '%s\t%s\t%s\n' "$name" "$((SECONDS - t0))" "$RC" | tee -a "$STATE/logs/times.tsv"
   tail -25 "$STATE/logs/$name.log"
 }
 
-case "$MODE" in
-  first) install; ladder first ;;
-  resume)
-    install
-    # from the last call's run directory: every rung that finished there is read back, not run again
-    n=$(ls -d "$STATE"/resume*/ 2>/dev/null | wc -l)
-    last=$STATE/first
-    [ "$n" -gt 0 ] && last=$STATE/resume$((n - 1))
-    [ -d "$last" ] || { echo "no earlier ladder under $STATE: run '$0 first' on this machine first"; exit 2; }
-    ladder "resume$n" ladder.resume_from="$last" ;;
-  *) echo "usage: $0 first|resume"; exit 2 ;;
-esac
+install
+if [ "$MODE" = first ]; then
+  name=first
+  ladder first
+else
+  # from the newest run directory that holds rungs: every rung that finished there is read back, not run again
+  last=
+  for d in "$STATE"/first "$STATE"/resume*; do
+    [ -d "$d" ] && ls -d "$d"/rung* >/dev/null 2>&1 && last=$d
+  done
+  [ -n "$last" ] || { echo "no earlier ladder with rungs under $STATE: run '$0 first' on this machine first"; exit 2; }
+  name=resume$(ls -d "$STATE"/resume*/ 2>/dev/null | wc -l)
+  ladder "$name" ladder.resume_from="$last"
+fi
 $PY -m experiments.runs_transfer export --uri "sqlite:///$STATE/mlflow/mlflow.db" --out "$STATE/mlflow-export-new" \
   && rm -rf "$STATE/mlflow-export" && mv "$STATE/mlflow-export-new" "$STATE/mlflow-export"
-# what comes back is at most 8 files: one archive (the run directories, the exported runs, the logs; not the
-# store's own copy of the artifacts) and the ladder's report of the latest call beside it
-last=$(ls -td "$STATE"/first "$STATE"/resume*/ 2>/dev/null | head -1)
+# what comes back is at most 8 files of at most 16 MiB: one archive (the run directories, the exported runs, the
+# logs; not the store's own copy of the artifacts), in 15 MiB pieces if larger, and this call's ladder report
 tar czf "$OUT/ladder-$MODE.tgz" -C "$STATE" --exclude=./mlflow/mlartifacts .
-for f in ladder.md ladder.json ladder.png; do [ -f "$last/$f" ] && cp "$last/$f" "$OUT/"; done
-cp "$STATE/logs/times.tsv" "$OUT/" 2>/dev/null
+if [ "$(stat -c %s "$OUT/ladder-$MODE.tgz")" -gt $((15 << 20)) ]; then  # join here: cat ladder-*.tgz.part* | tar xz
+  split -b 15M -d "$OUT/ladder-$MODE.tgz" "$OUT/ladder-$MODE.tgz.part" && rm "$OUT/ladder-$MODE.tgz"
+fi
+for f in ladder.md ladder.json ladder.png; do [ -f "$STATE/$name/$f" ] && cp "$STATE/$name/$f" "$OUT/"; done
 ls -la "$OUT"
+exit "$RC"

@@ -8,10 +8,11 @@ them into this store and checks the result.
   python -m experiments.runs_transfer import DIR [--to URI]                  (here: make import-runs FROM=DIR)
 
 What the import keeps, beyond what mlflow-export-import keeps on its own: every run's final status (the tool
-marks every imported run FINISHED; a KILLED or FAILED rung stays so here) and end time, and parent/child
-nesting; the source's start time, run id and host are the run's `mlflow_exim.*` tags. It is idempotent: each
-imported run carries `optladder.source_run_id`, and a run already in the destination is not imported again
-(so a transfer cut short is finished by running it again). Experiment names stay: runs of the GPU host's
+marks every imported run FINISHED; a KILLED or FAILED rung stays so here), its start and end times (the tool
+starts every run at the import), and parent/child nesting; the source's run id, times and user are the run's `mlflow_exim.*` tags. It is idempotent: each
+imported run carries `optladder.source_run_id` (set last), a run already in the destination is not imported
+again, and a run whose import was cut short (the tool's tag without ours) is set aside (deleted, restorable) and
+imported again: a transfer cut short is finished by running it again. Experiment names stay: runs of the GPU host's
 `optladder` experiment join this store's `optladder` experiment unless `--prefix` says otherwise.
 """
 from __future__ import annotations
@@ -26,6 +27,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 SOURCE_TAG = "optladder.source_run_id"
+EXIM_RUN_ID = "mlflow_exim.run_info.run_id"  # the tool's own record of the source run, set as it imports
 PARENT_TAG = "mlflow.parentRunId"
 
 
@@ -69,7 +71,14 @@ def export_runs(uri: str, out: Path, quiet: bool = True) -> dict:
     with _store(uri), contextlib.redirect_stdout(io.StringIO()) if quiet else contextlib.nullcontext():
         export_experiments, _ = _tool()
         export_experiments(client, experiments=names, output_dir=str(out))
-    return json.loads((out / "experiments.json").read_text())
+    done = json.loads((out / "experiments.json").read_text())
+    exported = {e["name"]: e for e in done["mlflow"]["experiments"]}
+    # the tool reports an experiment it could not export by leaving it out (and a run by counting it failed)
+    bad = [n for n in names if n not in exported or exported[n]["failed_runs"] != 0 or exported[n]["ok_runs"] < 0]
+    if bad:
+        raise SystemExit(f"export from {uri} incomplete: experiment(s) {', '.join(bad)} not exported or with "
+                         f"failed runs (see {out / 'experiments.json'}; run with the tool's own output: --verbose)")
+    return done
 
 
 def _exported(exp_dir: Path) -> dict[str, dict]:
@@ -105,13 +114,20 @@ def import_runs(src: Path, uri: str, prefix: str = "", quiet: bool = True) -> li
 class _ExistingExperiments:
     """The destination's client for mlflow-export-import 1.2, which creates the experiment of every run it imports
     and takes a tracking server's RESOURCE_ALREADY_EXISTS for "it is there": a SQL store raises another error,
-    so for an experiment that exists this client answers as a server would."""
+    so for an experiment that exists this client answers as a server would. It also gives the run the tool
+    creates the source run's start time (the tool leaves it to the clock)."""
 
     def __init__(self, client) -> None:
         self._client = client
 
     def __getattr__(self, name: str):
         return getattr(self._client, name)
+
+    start_time = None  # the source run's, for the run the tool creates next
+
+    def create_run(self, experiment_id, start_time=None, tags=None, run_name=None):
+        return self._client.create_run(experiment_id, start_time=start_time or self.start_time, tags=tags,
+                                       run_name=run_name)
 
     def create_experiment(self, name: str, *args, **kwargs) -> str:
         if self._client.get_experiment_by_name(name) is not None:
@@ -124,29 +140,38 @@ class _ExistingExperiments:
 def _import_experiment(client, RunImporter, src: Path, exp: dict, prefix: str, quiet: bool) -> dict:
     name = prefix + exp["name"]
     runs = _exported(src / exp["id"])
-    existing = client.get_experiment_by_name(name)
-    dst = {}  # source run id -> destination run id
-    if existing is not None:
-        for r in client.search_runs([existing.experiment_id], filter_string=f"tags.`{SOURCE_TAG}` != ''",
-                                    max_results=50000):
-            dst[r.data.tags[SOURCE_TAG]] = r.info.run_id
+    orphans = sorted({d["tags"][PARENT_TAG] for d in runs.values() if d["tags"].get(PARENT_TAG)} - set(runs))
+    if orphans:  # refused before anything is imported
+        raise SystemExit(f"experiment {exp['name']!r} in {src}: runs name parent run(s) {', '.join(orphans)}, "
+                         f"which were not exported with them; export again from a store that holds them")
+    target = client.get_experiment_by_name(name)
+    if target.lifecycle_stage == "deleted":
+        raise SystemExit(f"experiment {name!r} is deleted in the destination: restore it "
+                         f"(mlflow experiments restore --experiment-id {target.experiment_id}) or import with "
+                         f"--prefix")
+    dst = {}  # source run id -> destination run id, for runs an earlier import finished
+    for r in client.search_runs([target.experiment_id], filter_string=f"tags.`{EXIM_RUN_ID}` != ''",
+                                max_results=50000):
+        src_id = r.data.tags[EXIM_RUN_ID]
+        if r.data.tags.get(SOURCE_TAG) == src_id:
+            dst[src_id] = r.info.run_id
+        elif src_id in runs:  # an import of this run cut short: set aside (deleted, restorable), imported again
+            client.delete_run(r.info.run_id)
     already = sum(1 for r in runs if r in dst)
     with contextlib.redirect_stdout(io.StringIO()) if quiet else contextlib.nullcontext():
         importer = RunImporter(client, import_source_tags=True, mlmodel_fix=False)
         for src_id, dct in runs.items():
             if src_id in dst:
                 continue
-            run, _ = importer.import_run(name, str(src / exp["id"] / src_id))
-            dst[src_id] = run.info.run_id
-            client.set_tag(run.info.run_id, SOURCE_TAG, src_id)
             info = dct["info"]
+            client.start_time = info.get("start_time")  # the tool creates the run without one: now
+            run, _ = importer.import_run(name, str(src / exp["id"] / src_id))
             client.set_terminated(run.info.run_id, info.get("status", "FINISHED"), info.get("end_time"))
+            client.set_tag(run.info.run_id, SOURCE_TAG, src_id)  # last: the mark of a finished import
+            dst[src_id] = run.info.run_id
     for src_id, dct in runs.items():  # nesting, once every run of the experiment has its new id
         parent = dct["tags"].get(PARENT_TAG)
         if parent:
-            if parent not in dst:
-                raise SystemExit(f"run {src_id} of {exp['name']!r} names parent {parent}, which was not "
-                                 f"exported with it")
             client.set_tag(dst[src_id], PARENT_TAG, dst[parent])
     _check(client, runs, dst, name)
     return {"experiment": name, "runs": len(runs), "imported": len(runs) - already, "already_there": already}
@@ -176,17 +201,17 @@ def main(argv: list[str] | None = None) -> int:
     ex = sub.add_parser("export", help="write every experiment of a store as files")
     ex.add_argument("--uri", required=True, help="the store to export, e.g. sqlite:////tmp/ladder/mlflow.db")
     ex.add_argument("--out", type=Path, required=True, help="a folder to write (created)")
+    ex.add_argument("--verbose", action="store_true", help="show the tool's own output")
     im = sub.add_parser("import", help="load exported experiments into a store")
     im.add_argument("src", type=Path, help="a folder written by export")
     im.add_argument("--to", default=None, help="the destination store (default: the project's tracking.uri)")
     im.add_argument("--prefix", default="", help="prepended to every experiment name")
     a = ap.parse_args(argv)
     if a.cmd == "export":
-        done = export_runs(a.uri, a.out)
-        info = done.get("info", {})
-        print(f"exported {info.get('experiments')} experiment(s), {info.get('ok_runs')} run(s) "
-              f"({info.get('failed_runs')} failed) to {a.out}")
-        return 0 if not info.get("failed_runs") else 1
+        done = export_runs(a.uri, a.out, quiet=not a.verbose)
+        exps = done["mlflow"]["experiments"]
+        print(f"exported {len(exps)} experiment(s), {sum(e['ok_runs'] for e in exps)} run(s) to {a.out}")
+        return 0
     uri = a.to or default_uri()
     for r in import_runs(a.src, uri, a.prefix):
         print(f"{r['experiment']}: {r['imported']} run(s) imported, {r['already_there']} already there ({uri})")

@@ -3,7 +3,8 @@ the reference engine behind its HTTP server, fed a workload in a loop for `soak.
 the workload's own timing, one pass after the other), bad requests mixed in at `soak.bad_request_rate`,
 memory and KV sampled every `soak.sample_s`, a report per window and the verdict gates of abtest/soak.py.
 requests.jsonl and bad_requests.jsonl are written as requests end; soak.json, soak.md and soak.png at the end,
-the windows built from requests.jsonl read back (a record is not held in memory once it is on disk).
+the windows built from requests.jsonl read back (the soak keeps no per-request dict; the replay clients still
+return a record per request, without its token times: ~0.4 KB each).
 """
 from __future__ import annotations
 

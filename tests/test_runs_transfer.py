@@ -72,10 +72,25 @@ def test_runs_arrive_nested_with_status_metrics_and_files_and_a_second_import_ad
         assert name in Path(local).read_text()
     assert runs[ids["rung-0-baseline"]].info.status == "FINISHED"
     assert runs[ids["rung-1-paged_kv"]].info.status == "KILLED"  # the tool alone would say FINISHED
+    src = MlflowClient(src_uri)
+    for src_id, run in runs.items():  # the tool alone starts every run at the import
+        want = src.get_run(src_id).info
+        assert (run.info.start_time, run.info.end_time) == (want.start_time, want.end_time)
 
     again = import_runs(out, dst_uri)
     assert again == [{"experiment": "optladder", "runs": 3, "imported": 0, "already_there": 3}]
     assert len(client.search_runs([exp.experiment_id])) == 3
+
+    # an import cut short after the tool made the run, before ours marked it: imported again, the stub set aside
+    cut = runs[ids["rung-1-paged_kv"]].info.run_id
+    client.delete_tag(cut, SOURCE_TAG)
+    client.set_terminated(cut, "FINISHED")
+    third = import_runs(out, dst_uri)
+    assert third == [{"experiment": "optladder", "runs": 3, "imported": 1, "already_there": 2}]
+    live = {r.data.tags[SOURCE_TAG]: r for r in client.search_runs([exp.experiment_id])}
+    assert len(live) == 3 and cut not in {r.info.run_id for r in live.values()}
+    assert live[ids["rung-1-paged_kv"]].info.status == "KILLED"
+    assert client.get_run(cut).info.lifecycle_stage == "deleted"
 
 
 def test_a_folder_that_is_not_an_export_is_refused_by_name(tmp_path):
