@@ -66,6 +66,9 @@ def _default_agreement() -> dict[str, float]:
     return {"quality/bleu_vs_control": 100.0 * (1 - 0.003), "quality/rougeL_vs_control": 1 - 0.005}
 
 
+LOSSLESS_CHECKS = ("auto", "exact", "teacher_forced")
+
+
 @dataclass
 class GateConfig:
     """The gates of one A/B. Relative numbers are fractions (0.10 = 10%).
@@ -73,6 +76,13 @@ class GateConfig:
     quality_margins_rel: non-inferiority, candidate >= control * (1 - margin), per *_vs_ref metric.
     min_exact_match_lossless: for a lossless candidate, the fraction of prompts whose output must
         equal the control's (quality/exact_match_vs_control).
+    lossless_check: how a lossless candidate's quality is checked. exact: its greedy answers must be the
+        control's (min_exact_match_lossless, control_agreement_min). teacher_forced: on the teacher-forced
+        gates, as a lossy candidate (its text gates reported), because in half precision a change of
+        kernel or of batch composition changes the rounding, a near-tie flips one greedy token and the rest
+        of the answer follows it: on the H200 with random bf16 weights flash_attn and dynamic_batching
+        matched 0% of the control's answers. auto: teacher_forced where the arms compute in bfloat16 or
+        float16, exact in float32.
     control_agreement_min: for every candidate, the least BLEU / ROUGE-L of its outputs scored against
         the control's outputs (how far its answers may drift from the control's).
     latency_gains: metric -> required relative improvement in its good direction (0.0: not worse;
@@ -94,6 +104,7 @@ class GateConfig:
 
     quality_margins_rel: dict[str, float] = field(default_factory=_default_quality_margins)
     min_exact_match_lossless: float = 0.99
+    lossless_check: str = "auto"
     control_agreement_min: dict[str, float] = field(default_factory=_default_agreement)
     latency_gains: dict[str, float] = field(default_factory=dict)
     latency_max_regression: dict[str, float] = field(default_factory=lambda: {"perf/e2e_ms_p99": 0.10})
@@ -138,6 +149,9 @@ class GateConfig:
             if ceiling <= 0:
                 raise ValueError(f"gate.memory_ceilings_gb[{name!r}] must be > 0 GB, got {ceiling}")
         _check_range("gate.min_exact_match_lossless", self.min_exact_match_lossless, 0.0, 1.0)
+        if self.lossless_check not in LOSSLESS_CHECKS:
+            raise ValueError(f"gate.lossless_check={self.lossless_check!r} is not one of "
+                             f"{', '.join(LOSSLESS_CHECKS)}")
         for name, floor in self.control_agreement_min.items():
             if not validate_metric(name).endswith("_vs_control") or name.endswith("exact_match_vs_control"):
                 raise ValueError(f"gate.control_agreement_min: {name!r} is not an agreement score; valid: "

@@ -39,3 +39,18 @@ def arms_lossless(control: dict[str, Any], candidate: dict[str, Any]) -> tuple[b
     if lossy:
         return False, f"lossy: {', '.join(f'{k}={a.get(k)}->{b.get(k)}' for k in lossy)}"
     return True, f"lossless: differs only in {', '.join(diff) or 'nothing'}"
+
+
+HALF = ("bfloat16", "float16")
+
+
+def lossless_check(mode: str, dtypes: tuple[str, str]) -> tuple[str, str]:
+    """How a lossless candidate is checked (gate.lossless_check) given the arms' resolved dtypes:
+    ("exact" | "teacher_forced", why)."""
+    if mode != "auto":
+        return mode, f"gate.lossless_check={mode}"
+    half = [d for d in dtypes if d in HALF]
+    if half:
+        return "teacher_forced", (f"{half[0]} rounds differently with the kernel and the batch: greedy answers "
+                                  f"diverge after a near-tie, so they are compared teacher-forced")
+    return "exact", f"{dtypes[0]}: the control's exact answers"

@@ -228,10 +228,18 @@ def check_same_traffic(control: ArmResult, candidate: ArmResult) -> None:
                              f"{what} differs (control {a[:16]!r}, candidate {b[:16]!r})")
 
 
-def _teacher_forced_gates(candidate: ArmResult, gate: GateConfig) -> list[GateResult]:
+RANDOM_REPORTED = ("quality/top1_agree_vs_control", "quality/ppl_ref_rel_change")
+
+
+def _teacher_forced_gates(candidate: ArmResult, gate: GateConfig, random_weights: bool = False) -> list[GateResult]:
     checks = teacher_forced_checks(candidate.teacher_forced, gate.teacher_forced_bounds(), gate.n_boot, gate.seed,
                                    gate.alpha, gate.min_pairs)
-    return [GateResult("teacher_forced", c.metric, c.status, c.reason, None, c.value, c.interval) for c in checks]
+    out = [GateResult("teacher_forced", c.metric, c.status, c.reason, None, c.value, c.interval) for c in checks]
+    if random_weights:  # no confident token to agree on, no language to be perplexed by: the KL decides
+        _reported([g for g in out if g.metric in RANDOM_REPORTED],
+                  "random weights: their next-token distributions are near-ties (flash_attn on the H200: KL 0.002, "
+                  "top-1 agreement 88%) and their perplexity means nothing; the KL decides")
+    return out
 
 
 def _reported(results: list[GateResult], why: str, unless_failed: bool = False) -> list[GateResult]:
@@ -243,22 +251,29 @@ def _reported(results: list[GateResult], why: str, unless_failed: bool = False) 
 
 
 def decide(control: ArmResult, candidate: ArmResult, gate: GateConfig,
-           candidate_lossless: bool) -> Verdict:
-    """Apply every gate; see the module docstring for how they combine. A lossy candidate is judged on the
-    teacher-forced gates where they are set and were measured; its text gates are then reported."""
+           candidate_lossless: bool, lossless_check: str = "exact", random_weights: bool = False) -> Verdict:
+    """Apply every gate; see the module docstring for how they combine. A lossy candidate, and a lossless one
+    whose check is teacher_forced (gate.lossless_check, abtest/lossless.py), is judged on the teacher-forced
+    gates where they are set and were measured; its text gates are then reported. random_weights (both arms):
+    of those, the KL gates decide; top-1 agreement and perplexity are reported."""
     check_same_traffic(control, candidate)
     quality = [_quality_gate(m, margin, control, candidate, gate) for m, margin in gate.quality_margins_rel.items()]
     agreement = [_agreement_gate(m, floor, candidate) for m, floor in gate.control_agreement_min.items()]
-    tf = [] if candidate_lossless else _teacher_forced_gates(candidate, gate)
+    forced = not candidate_lossless or lossless_check == "teacher_forced"
+    tf = _teacher_forced_gates(candidate, gate, random_weights) if forced else []
     tf_measured = candidate.teacher_forced is not None and not candidate.teacher_forced.unavailable
+    exact = [_exact_match_gate(candidate, gate.min_exact_match_lossless)] if candidate_lossless else []
     if tf and tf_measured:
-        why = "a lossy candidate is decided by the teacher-forced gates"
+        if candidate_lossless:
+            why = ("a lossless candidate checked teacher-forced is decided by the teacher-forced gates "
+                   "(gate.lossless_check)")
+            _reported(exact, f"{why}; a rounding change flips near-ties and the answer after them")
+        else:
+            why = "a lossy candidate is decided by the teacher-forced gates"
         _reported(quality, f"{why}; a non-inferiority check decides only by failing", unless_failed=True)
-        _reported(agreement, f"{why}; a lossy change rewrites some answers")
-    results = quality
-    if candidate_lossless:
-        results.append(_exact_match_gate(candidate, gate.min_exact_match_lossless))
-    results += agreement
+        _reported(agreement, f"{why}; a lossy change rewrites some answers" if not candidate_lossless
+                  else f"{why}; a rounding change rewrites some answers")
+    results = quality + exact + agreement
     results += [_relative_gate("latency_gain", m, -gain, control, candidate, gate)
                 for m, gain in gate.latency_gains.items()]
     results += [_relative_gate("latency_max_regression", m, reg, control, candidate, gate)

@@ -107,6 +107,10 @@ class ReferenceBackend:
 
     def score(self, token_ids_list: list[list[int]], starts: list[int]) -> list[TokenLogprobs]:
         """Teacher forcing: the full next-token distribution at every position from start on."""
+        # on a GPU they stay there and are compared there (quality/teacher_forced.py); on the CPU numpy is faster
+        if self.engine.device.type == "cuda":
+            lps = self.engine.score(token_ids_list, starts, on_device=True)
+            return [TokenLogprobs.from_tensor(lp, ids[st:]) for lp, ids, st in zip(lps, token_ids_list, starts)]
         lps = self.engine.score(token_ids_list, starts)
         return [TokenLogprobs.from_full(lp.numpy(), ids[st:]) for lp, ids, st in zip(lps, token_ids_list, starts)]
 

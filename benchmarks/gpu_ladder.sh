@@ -14,13 +14,17 @@
 # Device calls (kind nvidia-h200), back to back:
 #   1  bash benchmarks/gpu_ladder.sh first    carry: wheelhouse .gpu-data .stage/mei
 #   2  bash benchmarks/gpu_ladder.sh resume   carry: .gpu-data
+# If the machine went back between the calls: unpack call 1's ladder-first.tgz into .stage/ladder-state here and
+#   2' FROM=.stage/ladder-state bash benchmarks/gpu_ladder.sh resume   carry: wheelhouse .gpu-data .stage
 # Each call ends by exporting the MLflow runs so far (experiments/runs_transfer.py) and packing everything into
 # $OUT/ladder-<mode>.tgz; here, after `tar xzf` of the last one, the runs join this tracking store with
 # `make import-runs FROM=<unpacked>/mlflow-export` (again after a later call: runs already there are skipped).
-# Settings (environment): TS, the trace's time scale (1 = its own timestamps); RUNGS; BASELINE, overrides of the
-# baseline's engine (its static batch); EXTRA, more overrides; DEADLINE_S, seconds from the start by which a
-# call has packed its results (570; the ladder gets what is left less 60 s). Exit status: the ladder's (124:
-# cut at the deadline, resume it).
+# Settings (environment): TS, the trace's time scale (1 = its own timestamps; 2 = half its rate); N, the
+# requests from the trace's head (500); RUNGS; BASELINE, overrides of the baseline's engine (its static
+# batch); EXTRA, more overrides; DEADLINE_S, seconds from the start by which a call has packed its results
+# (570; the ladder gets what is left less 90 s; SIGKILL 40 s after SIGTERM). Exit status: the ladder's (124:
+# cut at the deadline, resume it). Measured (benchmarks/results/gpu_ladder_h200): the baseline does not keep
+# up at TS=0.5 (N=500) nor at TS=2.5 (N=80), and a rung of N=80 at TS=2.5 takes ~2 minutes.
 # SMOKE=1 runs the same steps on the tiny model with this checkout's environment (the CPU check of the script).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -28,16 +32,21 @@ OUT=${OUT:-$PWD/gpu_out}
 MODE=${1:-first}
 PY=${PY:-python3}
 TS=${TS:-1}
+N=${N:-500}
 RUNGS=${RUNGS:-"[paged_kv,flash_attn,dynamic_batching,chunked_prefill,batched_decode,cuda_graphs]"}
 BASELINE=${BASELINE:-"engine.batch_size=64 engine.batch_timeout_ms=50"}
 DEADLINE_S=${DEADLINE_S:-570}  # seconds from this script's start by which everything is packed (a call: 600)
 STATE=${STATE:-/tmp/optladder-ladder}
 case "$MODE" in first|resume) ;; *) echo "usage: $0 first|resume"; exit 2 ;; esac
 [ "$MODE" = first ] && rm -rf "$STATE"  # a fresh ladder: nothing of an earlier one on this machine is reused
+# resume on a fresh machine: FROM, a folder carried along holding an earlier call's unpacked ladder-*.tgz
+if [ "$MODE" = resume ] && [ -n "${FROM:-}" ] && [ ! -d "$STATE/first" ]; then
+  mkdir -p "$STATE" && cp -r "$FROM"/. "$STATE"/
+fi
 mkdir -p "$OUT" "$STATE/logs"
 export PYTHONUNBUFFERED=1 OPTLADDER_DATA=${OPTLADDER_DATA:-$PWD/.gpu-data}
 set -f  # BASELINE and EXTRA are split into overrides, never expanded as file patterns ([a,b] is one)
-ARGS=(+ladder=gpu "ladder.rungs=$RUNGS" model=llama3_8b_shape workload=azure_conv workload.num_requests=500
+ARGS=(+ladder=gpu "ladder.rungs=$RUNGS" model=llama3_8b_shape workload=azure_conv workload.num_requests="$N"
       workload.sampling=head workload.time_scale="$TS" engine.max_model_len=4096 engine.kv_cache_gb=60
       engine.max_num_seqs=256 $BASELINE replay.progress=false tracking.system_metrics=false
       "tracking.uri=sqlite:///$STATE/mlflow/mlflow.db" ${EXTRA:-})
@@ -66,12 +75,12 @@ install() {
 }
 
 RC=0
-ladder() {  # ladder NAME [overrides]: run.py until 60 s before DEADLINE_S, then SIGTERM (the rung in progress
+ladder() {  # ladder NAME [overrides]: run.py until 90 s before DEADLINE_S, then SIGTERM (the rung in progress
   local name=$1; shift                                                            # ends KILLED, the rest stays)
-  local budget=$((DEADLINE_S - SECONDS - 60))
+  local budget=$((DEADLINE_S - SECONDS - 90))
   [ "$budget" -gt 30 ] || { echo "only ${budget}s left before the deadline: not started"; RC=3; return; }
   local t0=$SECONDS
-  timeout -s TERM -k 15 "$budget" $PY run.py "${ARGS[@]}" "$@" hydra.run.dir="$STATE/$name" \
+  timeout -s TERM -k 40 "$budget" $PY run.py "${ARGS[@]}" "$@" hydra.run.dir="$STATE/$name" \
     > "$STATE/logs/$name.log" 2>&1
   RC=$?
   printf '%s\t%s\t%s\n' "$name" "$((SECONDS - t0))" "$RC" | tee -a "$STATE/logs/times.tsv"

@@ -219,12 +219,12 @@ class LLMEngine:
                     progress.update(1)
         return seqs
 
-    def score(self, token_ids_list: list[list[int]], starts: list[int]) -> list[torch.Tensor]:
+    def score(self, token_ids_list: list[list[int]], starts: list[int], on_device: bool = False) -> list[torch.Tensor]:
         """Teacher forcing, between requests: for each sequence the log-probs [len - start, vocab] (float32,
-        on the host) of its tokens start .. len-1, each given the tokens before it (engine/scoring.py)."""
+        on the host, or on_device) of its tokens start .. len-1, each given the tokens before it (engine/scoring.py)."""
         from engine.scoring import score_sequences
 
-        return score_sequences(self, token_ids_list, starts)
+        return score_sequences(self, token_ids_list, starts, on_device)
 
     # --- measurements ---
     def reset_stats(self) -> None:

@@ -54,7 +54,7 @@ def _batches(engine, token_ids_list: list[list[int]], starts: list[int]):
         yield batch
 
 
-def _forward(engine, seqs: list[Sequence], num_new: list[int], all_rows: bool) -> torch.Tensor:
+def _forward(engine, seqs: list[Sequence], num_new: list[int], all_rows: bool, on_device: bool) -> torch.Tensor:
     """One varlen step through the runner's input path and the layers a varlen step of generation runs
     (the fused kernels where the runner's DecodeKernels and attention backend take them), log-probs on the
     host: of every computed row (all_rows), or of each sequence's last row."""
@@ -63,10 +63,11 @@ def _forward(engine, seqs: list[Sequence], num_new: list[int], all_rows: bool) -
     index = torch.arange(len(input_ids), device=engine.device) if all_rows else last
     logits = engine.model(input_ids, positions, meta, index, fused=runner._fused_varlen(meta),
                           skinny=runner.kernels.skinny)
-    return torch.log_softmax(logits.float(), dim=-1).cpu()
+    lp = torch.log_softmax(logits.float(), dim=-1)
+    return lp if on_device else lp.cpu()
 
 
-def _score_batch(engine, token_ids: list[list[int]], starts: list[int]) -> list[torch.Tensor]:
+def _score_batch(engine, token_ids: list[list[int]], starts: list[int], on_device: bool) -> list[torch.Tensor]:
     bm = engine.block_manager
     # the inputs: every token but the last, which is only scored
     seqs = [Sequence(f"score-{i}", ids[:-1], SamplingParams(max_tokens=1)) for i, ids in enumerate(token_ids)]
@@ -79,12 +80,14 @@ def _score_batch(engine, token_ids: list[list[int]], starts: list[int]) -> list[
             p = Sequence(seq.request_id, seq.token_ids[:start], seq.params)
             p.block_table = seq.block_table  # the prompt's KV goes into the blocks of the whole sequence
             prompts.append(p)
-        first = _forward(engine, prompts, list(starts), all_rows=False)  # 1. each prompt's last position
+        # 1. each prompt's last position
+        first = _forward(engine, prompts, list(starts), all_rows=False, on_device=on_device)
         rest = [(seq, st) for seq, st in zip(seqs, starts) if len(seq) > st]
         for seq, st in rest:
             seq.num_computed_tokens = st  # 2. the prompt is in the cache: only the continuation is computed
         n_new = [len(seq) - st for seq, st in rest]
-        later = iter(_forward(engine, [s for s, _ in rest], n_new, all_rows=True).split(n_new) if rest else [])
+        later = iter(_forward(engine, [s for s, _ in rest], n_new, all_rows=True,
+                                 on_device=on_device).split(n_new) if rest else [])
     finally:
         for seq in seqs:
             if seq.block_table:
@@ -95,10 +98,13 @@ def _score_batch(engine, token_ids: list[list[int]], starts: list[int]) -> list[
 
 
 @torch.inference_mode()
-def score_sequences(engine, token_ids_list: list[list[int]], starts: list[int]) -> list[torch.Tensor]:
+def score_sequences(engine, token_ids_list: list[list[int]], starts: list[int],
+                    on_device: bool = False) -> list[torch.Tensor]:
+    """Each sequence's log-probs [len - start, vocab], float32, on the host (on_device: left on the engine's device)."""
     _check(engine, token_ids_list, starts)
     out: list[torch.Tensor | None] = [None] * len(token_ids_list)
     for batch in _batches(engine, token_ids_list, starts):
-        for i, lp in zip(batch, _score_batch(engine, [token_ids_list[i] for i in batch], [starts[i] for i in batch])):
+        for i, lp in zip(batch, _score_batch(engine, [token_ids_list[i] for i in batch], [starts[i] for i in batch],
+                                                   on_device)):
             out[i] = lp
     return out

@@ -12,7 +12,7 @@ from hydra import compose
 from omegaconf import DictConfig, OmegaConf
 
 from abtest.gates import GateConfig
-from abtest.lossless import arms_lossless
+from abtest.lossless import arms_lossless, lossless_check
 from abtest.rollout import DEFAULT_REGISTRY, promote, rollout_plan
 from abtest.verdict import ArmResult, Verdict, check_same_traffic, decide, verdict_table
 from engine.loader import resolve_device
@@ -108,23 +108,38 @@ def arm_result(arm: Arm) -> ArmResult:
                      first.requests_digest, first.prompts_digest, runs=[x.records for x in arm.runs])
 
 
+def resolved_dtype(resolved: dict) -> str:
+    """The dtype an arm computes in ("bfloat16", "float32", ...), engine.dtype=auto resolved on this host."""
+    from engine.loader import resolve_device, resolve_dtype
+
+    engine = resolved.get("engine", {})
+    dtype = resolve_dtype(engine.get("dtype", "auto"), resolve_device(engine.get("device", "auto")))
+    return str(dtype).removeprefix("torch.")
+
+
 def gate_pair(control: Arm, candidate: Arm, gate: GateConfig) -> tuple[Verdict, ArmResult, bool, str]:
     """The verdict of candidate against control, the candidate's measurements with its scores against the
     control's outputs added, and whether (and why) the candidate counts as lossless."""
     lossless, why = arms_lossless(control.resolved, candidate.resolved)
+    check = "exact"
+    if lossless:
+        check, how = lossless_check(gate.lossless_check, (resolved_dtype(control.resolved),
+                                                          resolved_dtype(candidate.resolved)))
+        why = f"{why}; checked {'teacher-forced' if check == 'teacher_forced' else 'exactly'} ({how})"
     c, k = arm_result(control), arm_result(candidate)
     check_same_traffic(c, k)  # refused before any statistics: the arms must see the same requests and prompts
     vs_control = score_vs_control(k.outputs, c.outputs)
     k.metrics.update(to_metrics(vs_control))
     k.quality_per_prompt["quality/rougeL_vs_control"] = [p["rougeL"] for p in vs_control.per_prompt]
-    if not lossless:  # a lossy candidate is judged teacher-forced against the control
+    if not lossless or check == "teacher_forced":  # judged teacher-forced against the control
         first = candidate.runs[0]
         items = control.prepared.items if control.prepared is not None else None
         k.teacher_forced = run_teacher_forced(control.cfg, candidate.cfg, c.outputs, first.run_dir, items)
         tf_metrics = tf_to_metrics(k.teacher_forced)
         k.metrics.update(tf_metrics)
         log_to_run(OmegaConf.to_object(candidate.cfg.tracking), first.run_id, tf_metrics)
-    return decide(c, k, gate, lossless), k, lossless, why
+    random_weights = all(a.resolved.get("model", {}).get("source") == "random" for a in (control, candidate))
+    return decide(c, k, gate, lossless, check, random_weights), k, lossless, why
 
 
 def write_json(path: Path, obj) -> Path:

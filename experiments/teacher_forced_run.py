@@ -22,6 +22,25 @@ from quality.teacher_forced import Accumulator, TeacherForcedScores, build_seque
 
 log = logging.getLogger(__name__)
 BATCH = 16  # sequences a scoring call, one progress step
+# KV cache of each scoring engine, at most: both arms are loaded at once, and a serving budget each (60 GiB for
+# the 8B shape on an H200) would not fit twice beside two sets of weights. Scoring packs its batches into the
+# blocks it has (engine/scoring.py), so a smaller cache changes the batches, never the log-probs.
+SCORING_KV_GB = 16.0
+
+
+def scoring_cfg(cfg):
+    """An arm's config for scoring: its KV cache capped at SCORING_KV_GB, everything else as it ran."""
+    import copy
+
+    from omegaconf import open_dict
+
+    gb = cfg.engine.get("kv_cache_gb")
+    if gb is None or gb <= SCORING_KV_GB:
+        return cfg
+    cfg = copy.deepcopy(cfg)
+    with open_dict(cfg):
+        cfg.engine.kv_cache_gb = SCORING_KV_GB
+    return cfg
 
 
 def _sequences(tokenizer, items: list[PromptItem], control_outputs: list[str]):
@@ -72,7 +91,7 @@ def run_teacher_forced(control_cfg, candidate_cfg, control_outputs: list[str], o
     from backends import make_backend
     from experiments.build import build
 
-    c, k = build(control_cfg), build(candidate_cfg)
+    c, k = build(scoring_cfg(control_cfg)), build(scoring_cfg(candidate_cfg))
     if items is None:
         items = load_prompt_set(c.quality, c.data.root)
     if len(items) != len(control_outputs):

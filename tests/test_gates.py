@@ -260,3 +260,58 @@ def test_outputs_that_drift_from_the_control_fail_when_nothing_finer_was_measure
 def test_agreement_gate_takes_only_agreement_scores() -> None:
     with pytest.raises(ValueError, match="not an agreement score"):
         GateConfig(control_agreement_min={"quality/bleu_vs_ref": 99.0})
+
+
+def test_a_lossless_candidate_in_half_precision_is_decided_teacher_forced() -> None:
+    # the H200 with random bf16 weights: flash_attn rewrote every greedy answer (0% equal), its distributions did not
+    rewritten = {"quality/exact_match_vs_control": 0.0, "quality/bleu_vs_control": 8.6,
+                 "quality/rougeL_vs_control": 0.10}
+    cand = arm("k", extra=rewritten)
+    exact = decide(arm("c"), cand, GateConfig(run_noise=QUIET), candidate_lossless=True, lossless_check="exact")
+    assert exact.status == "fail" and by_name(exact)["exact_match:quality/exact_match_vs_control"].decides
+    assert not any(g.gate == "teacher_forced" for g in exact.gates)  # exactly: no teacher-forced gate at all
+    v = decide(arm("c"), cand, GateConfig(run_noise=QUIET), candidate_lossless=True, lossless_check="teacher_forced")
+    g = by_name(v)
+    assert (v.status, v.exit_code) == ("pass", 0)
+    em = g["exact_match:quality/exact_match_vs_control"]
+    assert em.status == "fail" and not em.decides and "rounding change" in em.reason
+    assert not g["control_agreement:quality/bleu_vs_control"].decides
+    assert g["teacher_forced:quality/kl_vs_control_mean"].status == "pass"
+    # a broken kernel moves the distributions themselves: the teacher-forced gates fail it
+    n = 200 * 10
+    broken = TeacherForcedScores(np.full(200, 3.5), np.full(200, 10.0), np.full(200, 4.0), np.full(200, 10.0),
+                                 np.full(200, 40.0), np.full(200, 10.0), np.full(n, 0.35),
+                                 np.repeat(np.arange(200), 10))
+    bad = decide(arm("c"), arm("k", extra=rewritten, teacher_forced=broken), GateConfig(run_noise=QUIET),
+                 candidate_lossless=True, lossless_check="teacher_forced")
+    assert bad.status == "fail" and by_name(bad)["teacher_forced:quality/kl_vs_control_mean"].status == "fail"
+    # unmeasured teacher-forced scores never pass, and the exact-match gate decides again
+    none = decide(arm("c"), arm("k", extra=rewritten, teacher_forced=TeacherForcedScores.not_measured("no logits")),
+                  GateConfig(run_noise=QUIET), candidate_lossless=True, lossless_check="teacher_forced")
+    assert none.status == "fail" and by_name(none)["exact_match:quality/exact_match_vs_control"].decides
+
+
+def test_lossless_check_is_validated_naming_the_valid_values() -> None:
+    with pytest.raises(ValueError, match="gate.lossless_check='teacher' is not one of auto, exact, teacher_forced"):
+        GateConfig(lossless_check="teacher")
+
+
+def test_random_weights_are_decided_by_the_kl_alone() -> None:
+    # flash_attn on the H200, random bf16 weights: KL 0.002 but top-1 agreement 88% (near-ties everywhere)
+    n, pos = 200, 10
+    ties = TeacherForcedScores(np.full(n, 0.002 * pos), np.full(n, float(pos)), np.full(n, 0.88 * pos),
+                               np.full(n, 10.0), np.full(n, 10.0), np.full(n, float(pos)),
+                               np.full(n * pos, 0.002), np.repeat(np.arange(n), pos))
+    cand = arm("k", extra={"quality/exact_match_vs_control": 0.0}, teacher_forced=ties)
+    real = decide(arm("c"), cand, GateConfig(run_noise=QUIET), True, "teacher_forced")
+    assert real.status == "fail" and by_name(real)["teacher_forced:quality/top1_agree_vs_control"].decides
+    rand = decide(arm("c"), cand, GateConfig(run_noise=QUIET), True, "teacher_forced", random_weights=True)
+    g = by_name(rand)
+    assert rand.status == "pass"
+    top1 = g["teacher_forced:quality/top1_agree_vs_control"]
+    assert top1.status == "fail" and not top1.decides and "random weights" in top1.reason
+    assert g["teacher_forced:quality/kl_vs_control_mean"].decides
+    # a KL beyond the bound still fails a random-weight candidate
+    far = replace(ties, kl_sum=np.full(n, 0.5 * pos), token_kl=np.full(n * pos, 0.5))
+    assert decide(arm("c"), arm("k", teacher_forced=far), GateConfig(run_noise=QUIET), True, "teacher_forced",
+                  random_weights=True).status == "fail"

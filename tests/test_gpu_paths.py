@@ -10,7 +10,7 @@ import os
 import pytest
 import torch
 
-from engine.config import EngineConfig
+from engine.config import EngineConfig, ModelConfig
 from engine.validation import validate_engine, validate_head_dim
 
 CUDA = torch.cuda.is_available()
@@ -370,3 +370,26 @@ def test_batch_above_the_largest_bucket_runs_eagerly_and_is_counted():
     got, runner = run_decode(model, PROMPTS, 4, paged=True, flash=False, graphs=True, max_batch=2)
     assert got == base
     assert runner.graphs.eager_fallbacks == 4 and runner.graphs.replays == 0
+
+
+@needs_cuda
+def test_teacher_forced_scores_compared_on_the_gpu_equal_the_host_comparison():
+    # the reference engine on CUDA leaves its log-probs on the device and they are compared there
+    import numpy as np
+
+    from backends.engines import ReferenceBackend
+    from quality.teacher_forced import compare
+
+    cfg = EngineConfig(device="cuda", max_model_len=256, kv_cache_gb=0.05, paged_kv=True)
+    model = ModelConfig(name="tiny", source="random", tokenizer="smollm2", vocab_size=49152, hidden_size=64,
+                        intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                        head_dim=16, init_std=0.3)
+    a, b = ReferenceBackend(model, cfg), ReferenceBackend(model, EngineConfig(**{**cfg.__dict__, "flash_attn": True}))
+    ids = [list(range(5, 45)), list(range(100, 130))]
+    pa, pb = a.score(ids, [10, 5]), b.score(ids, [10, 5])
+    assert pa[0].full.device.type == "cuda"
+    for x, y in zip(pa, pb):
+        dev = compare(x, y)[0]
+        host = compare(x.on_host(), y.on_host())[0]
+        np.testing.assert_allclose(dev.kl, host.kl, rtol=1e-4, atol=1e-9)
+        np.testing.assert_array_equal(dev.top1_agree, host.top1_agree)

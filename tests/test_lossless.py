@@ -45,3 +45,14 @@ def test_any_other_difference_is_lossy_and_named_with_both_values():
     assert arms_lossless(with_(engine__quant="int8"), BASE) == (False, "lossy: engine.quant=int8->None")
     assert arms_lossless(BASE, with_(engine__server={"extra_args": ["--x"]})) == (
         False, "lossy: engine.server.extra_args=[]->['--x']")
+
+
+def test_auto_checks_half_precision_teacher_forced_and_float32_exactly():
+    from abtest.lossless import lossless_check
+
+    assert lossless_check("auto", ("float32", "float32"))[0] == "exact"
+    check, why = lossless_check("auto", ("bfloat16", "bfloat16"))
+    assert check == "teacher_forced" and "bfloat16" in why
+    assert lossless_check("auto", ("float32", "float16"))[0] == "teacher_forced"
+    assert lossless_check("exact", ("bfloat16", "bfloat16"))[0] == "exact"
+    assert lossless_check("teacher_forced", ("float32", "float32"))[0] == "teacher_forced"

@@ -178,3 +178,28 @@ def test_real_engines_identical_measure_zero_and_damaged_fail():
     assert out[KL_MEAN] == out[KL_P99] == out[TOP1] == "fail", out  # a random model's perplexity is ~its vocabulary
     short = score_pair(control, damaged, items, outputs, 40, progress=False)  # sequences over max_len are skipped
     assert short.skipped > 0 and short.positions.sum() < tf.positions.sum()
+
+
+def test_the_comparison_on_torch_tensors_equals_the_numpy_one():
+    import torch
+
+    p = log_softmax(RNG.normal(0, 2, (40, 300)))
+    q = log_softmax(np.log(np.exp(p) + RNG.uniform(0, 0.02, p.shape)))
+    targets = RNG.integers(0, 300, 40).tolist()
+    a = compare(TokenLogprobs.from_full(p, targets), TokenLogprobs.from_full(q, targets))[0]
+    b, approx = compare(TokenLogprobs.from_tensor(torch.from_numpy(p), targets),
+                        TokenLogprobs.from_tensor(torch.from_numpy(q), targets))
+    assert not approx and a.kl.min() > 1e-4  # the arms really differ
+    np.testing.assert_allclose(b.kl, a.kl, rtol=1e-6)
+    np.testing.assert_array_equal(b.top1_agree, a.top1_agree)
+    np.testing.assert_array_equal(b.control_nll, a.control_nll)
+    # one arm with only its top-k: the tensor side comes to the host, the approximate comparison as before
+    k = 5
+    topk = TokenLogprobs(q[np.arange(40), targets], None, *TokenLogprobs.from_full(q, targets).topk(k))
+    c = compare(TokenLogprobs.from_tensor(torch.from_numpy(p), targets), topk)
+    d = compare(TokenLogprobs.from_full(p, targets), topk)
+    assert c[1] and d[1]
+    np.testing.assert_allclose(c[0].kl, d[0].kl, rtol=1e-12)
+    # and a tensor's own top-k, as a top-k-only engine would hand it out, is the array's
+    t = TokenLogprobs.from_tensor(torch.from_numpy(p), targets).topk(k)
+    np.testing.assert_array_equal(t[0], TokenLogprobs.from_full(p, targets).topk(k)[0])
