@@ -242,6 +242,12 @@ def _teacher_forced_gates(candidate: ArmResult, gate: GateConfig, random_weights
     return out
 
 
+def _undecided_if_failed(results: list[GateResult], why: str) -> None:
+    for r in results:
+        if r.status == "fail":
+            r.status, r.reason = "inconclusive", f"{r.reason}; {why}"
+
+
 def _reported(results: list[GateResult], why: str, unless_failed: bool = False) -> list[GateResult]:
     """Mark text gates as reported only; with unless_failed, a failing one still decides."""
     for r in results:
@@ -251,23 +257,33 @@ def _reported(results: list[GateResult], why: str, unless_failed: bool = False) 
 
 
 def decide(control: ArmResult, candidate: ArmResult, gate: GateConfig,
-           candidate_lossless: bool, lossless_check: str = "exact", random_weights: bool = False) -> Verdict:
+           candidate_lossless: bool, lossless_check: str = "exact", random_weights: bool = False,
+           tf_covers: bool = True) -> Verdict:
     """Apply every gate; see the module docstring for how they combine. A lossy candidate, and a lossless one
     whose check is teacher_forced (gate.lossless_check, abtest/lossless.py), is judged on the teacher-forced
-    gates where they are set and were measured; its text gates are then reported. random_weights (both arms):
-    of those, the KL gates decide; top-1 agreement and perplexity are reported."""
+    gates where they are set and were measured; its text gates are then reported. For a lossless candidate:
+    random_weights (both arms): of those, the KL gates decide, top-1 agreement and perplexity are reported;
+    tf_covers False (it differs in a switch the teacher-forced pass does not run, abtest/lossless.py): its exact
+    match still decides, a failed one counting as inconclusive; scores not measured: its exact match decides."""
     check_same_traffic(control, candidate)
     quality = [_quality_gate(m, margin, control, candidate, gate) for m, margin in gate.quality_margins_rel.items()]
     agreement = [_agreement_gate(m, floor, candidate) for m, floor in gate.control_agreement_min.items()]
     forced = not candidate_lossless or lossless_check == "teacher_forced"
-    tf = _teacher_forced_gates(candidate, gate, random_weights) if forced else []
+    tf = _teacher_forced_gates(candidate, gate, random_weights and candidate_lossless) if forced else []
     tf_measured = candidate.teacher_forced is not None and not candidate.teacher_forced.unavailable
     exact = [_exact_match_gate(candidate, gate.min_exact_match_lossless)] if candidate_lossless else []
-    if tf and tf_measured:
+    if tf and candidate_lossless and not tf_measured:  # nothing finer measured: the exact match decides, as in float32
+        _reported(tf, "a lossless candidate whose teacher-forced scores are missing is decided by its exact match")
+    elif tf and tf_measured:
         if candidate_lossless:
             why = ("a lossless candidate checked teacher-forced is decided by the teacher-forced gates "
                    "(gate.lossless_check)")
-            _reported(exact, f"{why}; a rounding change flips near-ties and the answer after them")
+            if tf_covers:
+                _reported(exact, f"{why}; a rounding change flips near-ties and the answer after them")
+            else:
+                _undecided_if_failed(exact, "teacher forcing does not run this switch (it acts in the decode steps or "
+                                            "the scheduler), so answers that differ cannot be told from rounding "
+                                            "flips of near-ties in half precision: undecided, not failed")
         else:
             why = "a lossy candidate is decided by the teacher-forced gates"
         _reported(quality, f"{why}; a non-inferiority check decides only by failing", unless_failed=True)

@@ -57,7 +57,7 @@ def _batches(engine, token_ids_list: list[list[int]], starts: list[int]):
 def _forward(engine, seqs: list[Sequence], num_new: list[int], all_rows: bool, on_device: bool) -> torch.Tensor:
     """One varlen step through the runner's input path and the layers a varlen step of generation runs
     (the fused kernels where the runner's DecodeKernels and attention backend take them), log-probs on the
-    host: of every computed row (all_rows), or of each sequence's last row."""
+    host (or on the device: on_device): of every computed row (all_rows), or of each sequence's last row."""
     runner = engine.runner
     input_ids, positions, meta, last = runner.prepare_varlen(Batch(seqs, num_new))
     index = torch.arange(len(input_ids), device=engine.device) if all_rows else last

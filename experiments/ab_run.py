@@ -12,7 +12,7 @@ from hydra import compose
 from omegaconf import DictConfig, OmegaConf
 
 from abtest.gates import GateConfig
-from abtest.lossless import arms_lossless, lossless_check
+from abtest.lossless import arms_lossless, lossless_check, teacher_forcing_covers
 from abtest.rollout import DEFAULT_REGISTRY, promote, rollout_plan
 from abtest.verdict import ArmResult, Verdict, check_same_traffic, decide, verdict_table
 from engine.loader import resolve_device
@@ -109,12 +109,18 @@ def arm_result(arm: Arm) -> ArmResult:
 
 
 def resolved_dtype(resolved: dict) -> str:
-    """The dtype an arm computes in ("bfloat16", "float32", ...), engine.dtype=auto resolved on this host."""
+    """The dtype an arm computes in ("bfloat16", "float32", ...), engine.dtype=auto resolved on this host; for an
+    endpoint elsewhere (engine=openai) or a value this host cannot resolve, the setting as written."""
     from engine.loader import resolve_device, resolve_dtype
 
     engine = resolved.get("engine", {})
-    dtype = resolve_dtype(engine.get("dtype", "auto"), resolve_device(engine.get("device", "auto")))
-    return str(dtype).removeprefix("torch.")
+    written = str(engine.get("dtype", "auto"))
+    if engine.get("name") == "openai":
+        return written
+    try:
+        return str(resolve_dtype(written, resolve_device(engine.get("device", "auto")))).removeprefix("torch.")
+    except ValueError:
+        return written
 
 
 def gate_pair(control: Arm, candidate: Arm, gate: GateConfig) -> tuple[Verdict, ArmResult, bool, str]:
@@ -139,7 +145,8 @@ def gate_pair(control: Arm, candidate: Arm, gate: GateConfig) -> tuple[Verdict, 
         k.metrics.update(tf_metrics)
         log_to_run(OmegaConf.to_object(candidate.cfg.tracking), first.run_id, tf_metrics)
     random_weights = all(a.resolved.get("model", {}).get("source") == "random" for a in (control, candidate))
-    return decide(c, k, gate, lossless, check, random_weights), k, lossless, why
+    covers = teacher_forcing_covers(control.resolved, candidate.resolved)
+    return decide(c, k, gate, lossless, check, random_weights, covers), k, lossless, why
 
 
 def write_json(path: Path, obj) -> Path:

@@ -23,8 +23,8 @@ from quality.teacher_forced import Accumulator, TeacherForcedScores, build_seque
 log = logging.getLogger(__name__)
 BATCH = 16  # sequences a scoring call, one progress step
 # KV cache of each scoring engine, at most: both arms are loaded at once, and a serving budget each (60 GiB for
-# the 8B shape on an H200) would not fit twice beside two sets of weights. Scoring packs its batches into the
-# blocks it has (engine/scoring.py), so a smaller cache changes the batches, never the log-probs.
+# the 8B shape on an H200) would not fit twice beside two sets of weights. Scoring packs its sequences into the
+# blocks it has (engine/scoring.py): a smaller cache means smaller batches, the same for both arms.
 SCORING_KV_GB = 16.0
 
 

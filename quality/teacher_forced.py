@@ -30,6 +30,7 @@ from dataclasses import dataclass
 import numpy as np
 
 KINDS = ("reference", "control_output")
+ROWS = 256  # positions compared at once on a device: 256 x 128,256 tokens, ~20 bytes an element in temporaries
 
 
 @dataclass
@@ -197,14 +198,17 @@ def compare_full_tensor(p_lp, q_lp, p_target: np.ndarray, q_target: np.ndarray) 
     """compare_full with torch, on the control's device (a numpy side is moved there): the same sums in float64."""
     import torch
 
-    p = torch.as_tensor(p_lp)
-    q = torch.as_tensor(q_lp).to(p.device)
+    device = (p_lp if torch.is_tensor(p_lp) else q_lp).device  # where the tensor side already is
+    p, q = torch.as_tensor(p_lp).to(device), torch.as_tensor(q_lp).to(device)
     if p.shape != q.shape:
         raise ValueError(f"the arms' distributions differ in shape: {tuple(p.shape)} vs {tuple(q.shape)} "
                          "(different vocabularies cannot be compared)")
-    kl = (p.exp() * (p - q)).sum(dim=-1, dtype=torch.float64)
-    agree = p.argmax(dim=-1) == q.argmax(dim=-1)
-    return PositionStats(kl.cpu().numpy(), agree.cpu().numpy(), -p_target.astype(np.float64),
+    kl, agree = [], []
+    for i in range(0, p.shape[0], ROWS):  # the temporaries of a few hundred rows at a time, not of the whole
+        pc, qc = p[i:i + ROWS], q[i:i + ROWS]
+        kl.append((pc.exp() * (pc - qc)).sum(dim=-1, dtype=torch.float64).cpu())
+        agree.append((pc.argmax(dim=-1) == qc.argmax(dim=-1)).cpu())
+    return PositionStats(torch.cat(kl).numpy(), torch.cat(agree).numpy(), -p_target.astype(np.float64),
                          -q_target.astype(np.float64))
 
 

@@ -62,6 +62,23 @@ def test_ab_lossless_candidate_matches_control_and_writes_a_verdict(tmp_path):
     assert (out / "rollout_plan.json").exists() == (v["status"] == "pass")
 
 
+def test_ab_lossless_candidate_checked_teacher_forced_runs_both_engines_again(tmp_path):
+    # what a GPU run does in bfloat16 (gate.lossless_check=auto), forced here in float32: flash_attn is on the
+    # teacher-forced pass's path, so its scores decide and the exact match is reported; random weights: the KL
+    out = tmp_path / "ab"
+    p = run(["+ab=flash_attn", "gate.lossless_check=teacher_forced", "workload.num_requests=6",
+             "quality.num_prompts=12", "tracking.enabled=false", f"hydra.run.dir={out}", *FAST], tmp_path)
+    v = json.loads((out / "verdict.json").read_text())
+    assert v["candidate_lossless"] is True and "checked teacher-forced" in v["lossless_reason"], p.stderr[-2000:]
+    g = {g["metric"]: g for g in v["gates"]}
+    assert not g["quality/exact_match_vs_control"]["decides"]
+    assert g["quality/kl_vs_control_mean"]["decides"] and g["quality/kl_vs_control_mean"]["status"] == "pass"
+    assert g["quality/kl_vs_control_mean"]["interval"]["high"] < 1e-3
+    assert not g["quality/top1_agree_vs_control"]["decides"]  # model=tiny: random weights
+    summary = json.loads((out / "candidate-r0" / "teacher_forced.json").read_text())
+    assert summary["unavailable"] is None and summary["metrics"]["quality/tf_positions"] > 0
+
+
 def test_ab_with_different_traffic_is_refused(tmp_path):
     p = run(["+ab=batched_decode", "ab.candidate=[+opt=batched_decode,workload.seed=9]", "workload.num_requests=4",
              "quality.num_prompts=2", "tracking.enabled=false", f"hydra.run.dir={tmp_path / 'ab'}", *FAST], tmp_path)

@@ -315,3 +315,35 @@ def test_random_weights_are_decided_by_the_kl_alone() -> None:
     far = replace(ties, kl_sum=np.full(n, 0.5 * pos), token_kl=np.full(n * pos, 0.5))
     assert decide(arm("c"), arm("k", teacher_forced=far), GateConfig(run_noise=QUIET), True, "teacher_forced",
                   random_weights=True).status == "fail"
+
+
+def test_a_switch_teacher_forcing_does_not_run_keeps_its_exact_match_an_undecided_one() -> None:
+    rewritten = {"quality/exact_match_vs_control": 0.0, "quality/bleu_vs_control": 16.0,
+                 "quality/rougeL_vs_control": 0.18}
+    v = decide(arm("c"), arm("k", extra=rewritten), GateConfig(run_noise=QUIET), True, "teacher_forced",
+               tf_covers=False)  # dynamic_batching on the H200: 0% equal, scores identical by construction
+    em = by_name(v)["exact_match:quality/exact_match_vs_control"]
+    assert v.status == "inconclusive" and em.decides and em.status == "inconclusive"
+    assert "cannot be told from rounding" in em.reason
+    same = decide(arm("c"), arm("k", extra={"quality/exact_match_vs_control": 1.0}), GateConfig(run_noise=QUIET),
+                  True, "teacher_forced", tf_covers=False)
+    assert same.status == "pass"
+
+
+def test_a_lossless_candidate_without_teacher_forced_scores_is_decided_by_its_exact_match() -> None:
+    perfect = arm("k", extra={"quality/exact_match_vs_control": 1.0},
+                  teacher_forced=TeacherForcedScores.not_measured("an endpoint without prompt_logprobs"))
+    v = decide(arm("c"), perfect, GateConfig(run_noise=QUIET), True, "teacher_forced")
+    assert v.status == "pass"
+    tf = by_name(v)["teacher_forced:quality/kl_vs_control_mean"]
+    assert tf.status == "inconclusive" and not tf.decides
+
+
+def test_the_random_weights_rule_leaves_lossy_candidates_alone() -> None:
+    n, pos = 200, 10
+    ties = TeacherForcedScores(np.full(n, 0.002 * pos), np.full(n, float(pos)), np.full(n, 0.88 * pos),
+                               np.full(n, 10.0), np.full(n, 10.0), np.full(n, float(pos)),
+                               np.full(n * pos, 0.002), np.repeat(np.arange(n), pos))
+    v = decide(arm("c"), arm("k", teacher_forced=ties), GateConfig(run_noise=QUIET), False, random_weights=True)
+    top1 = by_name(v)["teacher_forced:quality/top1_agree_vs_control"]
+    assert v.status == "fail" and top1.decides

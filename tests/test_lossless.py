@@ -56,3 +56,23 @@ def test_auto_checks_half_precision_teacher_forced_and_float32_exactly():
     assert lossless_check("auto", ("float32", "float16"))[0] == "teacher_forced"
     assert lossless_check("exact", ("bfloat16", "bfloat16"))[0] == "exact"
     assert lossless_check("teacher_forced", ("float32", "float32"))[0] == "teacher_forced"
+
+
+def test_teacher_forcing_covers_only_the_switches_its_pass_runs():
+    from abtest.lossless import teacher_forcing_covers
+
+    assert teacher_forcing_covers(BASE, with_(engine__flash_attn=True, engine__paged_kv=True))
+    assert teacher_forcing_covers(BASE, BASE)
+    assert not teacher_forcing_covers(BASE, with_(engine__flash_attn=True, engine__batch_size=4))
+    assert not teacher_forcing_covers(BASE, with_(engine__cuda_graphs=True))
+    assert teacher_forcing_covers(BASE, with_(tracking__uri="b"))  # what the arms log to is no difference
+
+
+def test_an_arms_dtype_as_this_host_resolves_it_or_as_written():
+    from experiments.ab_run import resolved_dtype
+
+    assert resolved_dtype({"engine": {"name": "reference", "dtype": "auto", "device": "cpu"}}) == "float32"
+    assert resolved_dtype({"engine": {"name": "reference", "dtype": "bfloat16", "device": "cpu"}}) == "bfloat16"
+    # an endpoint elsewhere: what its config says, never this host's default; a value this host cannot resolve
+    assert resolved_dtype({"engine": {"name": "openai", "dtype": "auto", "device": "cuda"}}) == "auto"
+    assert resolved_dtype({"engine": {"name": "reference", "dtype": "bf16", "device": "auto"}}) == "bf16"

@@ -203,3 +203,18 @@ def test_the_comparison_on_torch_tensors_equals_the_numpy_one():
     # and a tensor's own top-k, as a top-k-only engine would hand it out, is the array's
     t = TokenLogprobs.from_tensor(torch.from_numpy(p), targets).topk(k)
     np.testing.assert_array_equal(t[0], TokenLogprobs.from_full(p, targets).topk(k)[0])
+
+
+def test_the_tensor_comparison_in_row_chunks_equals_one_pass(monkeypatch):
+    import torch
+
+    import quality.teacher_forced as tfm
+
+    p = log_softmax(RNG.normal(0, 2, (50, 64)))
+    q = log_softmax(RNG.normal(0, 2, (50, 64)))
+    whole = tfm.compare_full_tensor(torch.from_numpy(p), torch.from_numpy(q), p[:, 0], q[:, 0])
+    monkeypatch.setattr(tfm, "ROWS", 7)  # 50 rows in 8 chunks, the last one short
+    chunked = tfm.compare_full_tensor(torch.from_numpy(p), q, p[:, 0], q[:, 0])  # one side numpy
+    np.testing.assert_array_equal(chunked.kl, whole.kl)
+    np.testing.assert_array_equal(chunked.top1_agree, whole.top1_agree)
+    assert len(chunked.kl) == 50
