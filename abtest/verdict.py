@@ -283,7 +283,7 @@ def decide(control: ArmResult, candidate: ArmResult, gate: GateConfig,
             else:
                 _undecided_if_failed(exact, "teacher forcing does not run this switch (it acts in the decode steps or "
                                             "the scheduler), so answers that differ cannot be told from rounding "
-                                            "flips of near-ties in half precision: undecided, not failed")
+                                            "flips of near-ties: undecided, not failed")
         else:
             why = "a lossy candidate is decided by the teacher-forced gates"
         _reported(quality, f"{why}; a non-inferiority check decides only by failing", unless_failed=True)
