@@ -28,10 +28,14 @@ def leaves(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     return out
 
 
+def differences(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
+    """The leaf keys whose values differ between two flattened configs (leaves()), what is ignored left out."""
+    return sorted(k for k in set(a) | set(b) if a.get(k, _MISSING) != b.get(k, _MISSING) and not k.startswith(IGNORED))
+
+
 def arms_lossless(control: dict[str, Any], candidate: dict[str, Any]) -> tuple[bool, str]:
     a, b = leaves(control), leaves(candidate)
-    diff = sorted(k for k in set(a) | set(b)
-                  if a.get(k, _MISSING) != b.get(k, _MISSING) and not k.startswith(IGNORED))
+    diff = differences(a, b)
     lossless_fields = tuple(f"engine.{s.field}" for s in OPTS.values() if s.lossless)
     # an opt's field may be a settings group (engine.speculative.method, ...): all its keys are the opt's
     lossy = [k for k in diff if k not in SCHEDULING and k not in lossless_fields
@@ -49,9 +53,7 @@ SCORED = {"engine.paged_kv", "engine.flash_attn", "engine.fused_kernels", "engin
 
 def teacher_forcing_covers(control: dict[str, Any], candidate: dict[str, Any]) -> bool:
     """Whether every difference between the arms is one the teacher-forced pass runs."""
-    a, b = leaves(control), leaves(candidate)
-    diff = {k for k in set(a) | set(b) if a.get(k, _MISSING) != b.get(k, _MISSING) and not k.startswith(IGNORED)}
-    return diff <= SCORED
+    return set(differences(leaves(control), leaves(candidate))) <= SCORED
 
 
 def lossless_check(mode: str, dtypes: tuple[str, str]) -> tuple[str, str]:
