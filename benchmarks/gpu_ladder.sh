@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The main job on the H200 (issue 11), through run.py only: the GPU ladder (Llama-3-8B's shape, random bf16
+# The main job on the H200, through run.py only: the GPU ladder (Llama-3-8B's shape, random bf16
 # weights: exact agreement with the control decides quality) over the first 500 requests of the Azure
 # conversation trace at its own timestamps, every rung gated against the one before, tracked in MLflow.
 # Two device calls of at most 10 minutes on one warm machine: the first installs the wheelhouse and runs the
