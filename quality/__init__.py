@@ -2,14 +2,32 @@
 
 Plain Python plus sacrebleu, rouge-score and numpy: no torch, Hydra or MLflow, so it runs from a test
 or a notebook; experiments/ feeds it outputs and logs what `to_metrics` returns.
-"""
-from quality.item import PromptItem
-from quality.prompts import PROMPT_SETS, QualityConfig, load_prompt_set, prompts_digest
-from quality.review import write_review_html
-from quality.scoring import ControlScores, QualityScores, score_vs_control, score_vs_references, to_metrics
 
-__all__ = [
-    "PROMPT_SETS", "PromptItem", "QualityConfig", "load_prompt_set", "prompts_digest",
-    "QualityScores", "ControlScores", "score_vs_references", "score_vs_control", "to_metrics",
-    "write_review_html",
-]
+The names below load on first use (PEP 562), so a submodule that needs neither sacrebleu nor rouge-score
+(quality.teacher_forced, quality.prompts) imports on a machine without them, e.g. a GPU image.
+"""
+from __future__ import annotations
+
+import importlib
+
+_WHERE = {
+    "PromptItem": "quality.item",
+    "PROMPT_SETS": "quality.prompts", "QualityConfig": "quality.prompts", "load_prompt_set": "quality.prompts",
+    "prompts_digest": "quality.prompts",
+    "write_review_html": "quality.review",
+    "ControlScores": "quality.scoring", "QualityScores": "quality.scoring", "score_vs_control": "quality.scoring",
+    "score_vs_references": "quality.scoring", "to_metrics": "quality.scoring",
+}
+__all__ = sorted(_WHERE)
+
+
+def __getattr__(name: str):
+    if name not in _WHERE:
+        raise AttributeError(f"module 'quality' has no attribute {name!r}")
+    value = getattr(importlib.import_module(_WHERE[name]), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_WHERE))

@@ -381,7 +381,7 @@ def test_teacher_forced_scores_compared_on_the_gpu_equal_the_host_comparison():
     from quality.teacher_forced import compare
 
     cfg = EngineConfig(device="cuda", max_model_len=256, kv_cache_gb=0.05, paged_kv=True)
-    model = ModelConfig(name="tiny", source="random", tokenizer="smollm2", vocab_size=49152, hidden_size=64,
+    model = ModelConfig(name="tiny", source="random", tokenizer="synthetic", vocab_size=49152, hidden_size=64,
                         intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
                         head_dim=16, init_std=0.3)
     a, b = ReferenceBackend(model, cfg), ReferenceBackend(model, EngineConfig(**{**cfg.__dict__, "flash_attn": True}))
