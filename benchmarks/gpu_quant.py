@@ -25,7 +25,6 @@ import statistics
 import sys
 import time
 import traceback
-import types
 from pathlib import Path
 
 if "--cpu" in sys.argv:  # the Triton kernels on CPU tensors: the interpreter, chosen before Triton loads
@@ -36,11 +35,6 @@ import torch  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-try:  # quality/__init__ imports BLEU/ROUGE packages a GPU image may lack; this script needs none of them
-    import quality  # noqa: F401
-except ModuleNotFoundError:
-    sys.modules["quality"] = types.ModuleType("quality")
-    sys.modules["quality"].__path__ = [str(ROOT / "quality")]
 
 from abtest.gates import GateConfig  # noqa: E402
 from abtest.teacher_forced import intervals, teacher_forced_checks  # noqa: E402
@@ -112,10 +106,11 @@ def kernel_checks(device: torch.device) -> list[dict]:
         for n, k in ((960, 576), (200, 320)) if device.type == "cpu" else shapes:  # the interpreter is slow
             q, s = quantize_rows(torch.randn(n, k, device=device, generator=gen) * 0.02, method)
             w = dequantize_rows(q, s, torch.float64)
-            for m in (1, 8, 16):
+            for m, kernel in ((1, "row"), (1, "dot"), (8, "auto"), (16, "auto"), (32, "auto"), (64, "auto")):
                 x = torch.randn(m, k, device=device, generator=gen).to(torch.bfloat16)
-                err = rel_error(wq_linear(x, q, s), x.double() @ w.t())
-                rows.append({"check": f"wq_gemv {method} M={m} N={n} K={k}", "rel_err": err, "ok": err <= 1e-2})
+                err = rel_error(wq_linear(x, q, s, kernel=kernel), x.double() @ w.t())
+                rows.append({"check": f"wq_gemv {method} {kernel} M={m} N={n} K={k}", "rel_err": err,
+                             "ok": err <= 1e-2})
             for m in (64, 512):  # the fp8 prefill path; its activations are rounded to E4M3 too
                 if method == "fp8":
                     x = torch.randn(m, k, device=device, generator=gen).to(torch.bfloat16)
@@ -124,6 +119,52 @@ def kernel_checks(device: torch.device) -> list[dict]:
                                  "rel_err": err, "ok": err <= 6e-2})
     for r in rows:
         log(f"{r['check']:60s} rel_err {r['rel_err']:.2e} {'ok' if r['ok'] else 'FAIL'}")
+    return rows
+
+
+def kernel_speed() -> list[dict]:
+    """Each Llama-3-8B decode shape alone: bf16 F.linear (cuBLAS) against the one-byte weight kernels at
+    M = 1 (the one-row kernel and the dot kernel, each autotuned) and M = 32, as the weight bytes read per
+    second (GB/s)."""
+    from engine.kernels.wq_gemv import wq_linear
+
+    def timed(fn) -> float:
+        """50 calls captured in one CUDA graph (no Python launch cost, as in the engine's graph-replayed
+        decode), replayed 5 times: the median ms per call."""
+        for _ in range(3):
+            fn()  # autotuning and compilation, outside the capture
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            for _ in range(50):
+                fn()
+        times = []
+        for _ in range(5):
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            graph.replay()
+            b.record()
+            torch.cuda.synchronize()
+            times.append(a.elapsed_time(b) / 50)
+        return statistics.median(times)  # ms
+
+    rows = []
+    gen = torch.Generator(device="cuda").manual_seed(1)
+    for n, k in ((6144, 4096), (4096, 4096), (2 * 14336, 4096), (4096, 14336)):
+        wb = torch.randn(n, k, device="cuda", generator=gen).to(torch.bfloat16) * 0.02
+        for m in (1, 32):
+            x = torch.randn(m, k, device="cuda", generator=gen).to(torch.bfloat16)
+            ms = timed(lambda: torch.nn.functional.linear(x, wb))
+            rows.append({"shape": f"{n}x{k}", "M": m, "kernel": "bf16 F.linear", "us": ms * 1e3,
+                         "gb_s": n * k * 2 / ms / 1e6})
+            for method in ("fp8", "int8"):
+                q, sc = quantize_rows(wb, method)
+                for kernel in (("row", "dot") if m == 1 else ("dot",)):
+                    ms = timed(lambda: wq_linear(x, q, sc, kernel=kernel))
+                    rows.append({"shape": f"{n}x{k}", "M": m, "kernel": f"{method} {kernel}", "us": ms * 1e3,
+                                 "gb_s": (n * k + 4 * n) / ms / 1e6})
+    for r in rows:
+        log(f"kernel {r['shape']:>11s} M={r['M']:2d} {r['kernel']:14s} {r['us']:8.1f} us {r['gb_s']:7.0f} GB/s")
     return rows
 
 
@@ -260,6 +301,12 @@ def markdown(res: dict) -> str:
         worst = max(checks, key=lambda r: r["rel_err"] / (1e-2 if "wq_gemv" in r["check"] else 6e-2))
         lines += [f"Kernels against float64: {sum(r['ok'] for r in checks)} of {len(checks)} checks within tolerance; "
                   f"worst {worst['check']}: {worst['rel_err']:.2e}.", ""]
+    ks = res.get("kernel_speed")
+    if isinstance(ks, list):
+        lines += ["One linear layer of Llama-3-8B's decode step alone (weight bytes read per second):", "",
+                  "| shape N x K | M | kernel | us | GB/s |", "|---|---|---|---|---|"]
+        lines += [f"| {r['shape']} | {r['M']} | {r['kernel']} | {r['us']:.1f} | {r['gb_s']:.0f} |" for r in ks]
+        lines += [""]
     speed = res.get("decode_llama3_8b_shape")
     if isinstance(speed, list):
         lines += ["| weights / KV | batch | ms per step | floor ms | / floor | tok/s |", "|---|---|---|---|---|---|"]
@@ -296,33 +343,45 @@ def main() -> None:
     ap.add_argument("--num-prompts", type=int, default=200)
     ap.add_argument("--cpu", action="store_true", help="only what a CPU can run: kernels (interpreter), int8 quality")
     ap.add_argument("--skip-8b", action="store_true")
+    ap.add_argument("--skip-smollm2", action="store_true")
+    ap.add_argument("--kernel-speed-only", action="store_true", help="only the one-layer kernel timings")
     ap.add_argument("--threads", type=int, default=None, help="torch CPU threads (a shared CPU: 1)")
     ap.add_argument("--no-answers", action="store_true", help="skip each candidate's greedy answers (slow on a CPU)")
     ap.add_argument("--topk-check", action="store_true", help="also the KL from top-20 log-probs only, vs exact")
     ap.add_argument("--candidates", default=None, help=f"comma-separated, of {', '.join(CANDIDATES)} "
                     "(default: quant_fp8,quant_int8,kv_fp8; on a CPU quant_int8,kv_fp8)")
     args = ap.parse_args()
+    default = "quant_int8,kv_fp8" if args.cpu else "quant_fp8,quant_int8,kv_fp8"
+    args.candidates = (args.candidates or default).split(",")
+    bad = [c for c in args.candidates if c not in CANDIDATES]
+    if bad:  # before any work
+        ap.error(f"--candidates {bad}: valid: {', '.join(CANDIDATES)}")
     if args.threads:
         torch.set_num_threads(args.threads)
     args.out.mkdir(parents=True, exist_ok=True)
     device = torch.device("cpu" if args.cpu else "cuda")
     RESULTS["environment"] = environment(device) | {"command": " ".join(sys.argv)}
+    if args.kernel_speed_only:
+        section("kernel_speed", args.out, kernel_speed)
+    else:
+        run_all(args, device)
+    from engine.kernels.wq_gemv import chosen_configs
+
+    RESULTS["wq_gemv_configs"] = chosen_configs()
+    (args.out / "gpu_quant.json").write_text(json.dumps(RESULTS, indent=1, default=str))
+    (args.out / "gpu_quant.md").write_text(markdown(RESULTS))
+    log((args.out / "gpu_quant.md").read_text())
+
+
+def run_all(args, device: torch.device) -> None:
     section("kernels", args.out, kernel_checks, device)
     if not args.cpu and not args.skip_8b:
         RESULTS["bandwidth_tb_s"] = copy_bandwidth_tb_s()
+        section("kernel_speed", args.out, kernel_speed)
         section("decode_llama3_8b_shape", args.out, decode_speed, RESULTS["bandwidth_tb_s"])
-        from engine.kernels.wq_gemv import chosen_configs
-
-        RESULTS["wq_gemv_configs"] = chosen_configs()
-    default = "quant_int8,kv_fp8" if args.cpu else "quant_fp8,quant_int8,kv_fp8"
-    candidates = (args.candidates or default).split(",")
-    bad = [c for c in candidates if c not in CANDIDATES]
-    if bad:
-        ap.error(f"--candidates {bad}: valid: {', '.join(CANDIDATES)}")
-    section("smollm2_quality", args.out, smollm2_quality, ModelConfig(cache_dir=args.smollm2_cache), device.type,
-            args.num_prompts, candidates, args.topk_check, not args.no_answers)
-    (args.out / "gpu_quant.md").write_text(markdown(RESULTS))
-    log((args.out / "gpu_quant.md").read_text())
+    if not args.skip_smollm2:
+        section("smollm2_quality", args.out, smollm2_quality, ModelConfig(cache_dir=args.smollm2_cache), device.type,
+                args.num_prompts, args.candidates, args.topk_check, not args.no_answers)
 
 
 if __name__ == "__main__":

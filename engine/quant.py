@@ -6,10 +6,10 @@ weights load. The embedding and lm_head (tied to it in SmolLM2) keep the model d
 the vocabulary projection is the layer most sensitive to rounding, and on Llama-3-8B it is 6% of the bytes.
 
 - int8 (weight-only, CPU and GPU): q = round(W / s), s = max|row| / 127. The activations stay in the model
-  dtype: decode batches of up to 16 rows on CUDA run the Triton kernel of engine/kernels/wq_gemv.py, which
+  dtype: decode batches of up to 64 rows on CUDA run the Triton kernel of engine/kernels/wq_gemv.py, which
   reads the int8 weight once; bfloat16 decode rows on a CPU run torch's int8 weight kernel
   (_weight_int8pack_mm); everything else dequantizes the weight to the model dtype and runs F.linear.
-- fp8 (CUDA capability >= 8.9): q = fp8_e4m3(W / s), s = max|row| / 448. Decode batches of up to 16 rows run
+- fp8 (CUDA capability >= 8.9): q = fp8_e4m3(W / s), s = max|row| / 448. Decode batches of up to 64 rows run
   the same Triton kernel (fp8 weight, bf16 activations); larger batches (prefill) quantize the activations
   per token to E4M3 and run torch._scaled_mm with row-wise scales (per-tensor activation scales on 8.9).
 Scales are float32: a bfloat16 scale would add up to 0.4% of error to a whole output channel.
@@ -24,7 +24,8 @@ from torch import nn
 
 INT8_MAX = 127.0
 FP8_MAX = 448.0  # largest finite float8_e4m3fn
-SKINNY_MAX_M = 16
+SKINNY_MAX_M = 64  # CUDA: engine/kernels/wq_gemv.py up to this many rows, then the prefill path
+CPU_INT8_MAX_M = 16  # CPU: torch's int8 weight kernel up to this many rows, then dequantize
 FP8_MIN_CAPABILITY = (8, 9)
 
 
@@ -88,7 +89,7 @@ class QuantLinear(nn.Module):
         elif self.method == "fp8" and x.is_cuda:
             self._count("scaled_mm_fp8")
             out = scaled_mm_fp8(rows, self.qweight, self.scales)
-        elif self.method == "int8" and not x.is_cuda and x.dtype == torch.bfloat16 and m <= SKINNY_MAX_M:
+        elif self.method == "int8" and not x.is_cuda and x.dtype == torch.bfloat16 and m <= CPU_INT8_MAX_M:
             # torch's CPU int8 kernel: fast for decode rows in bf16, far slower than dequantizing for prefill
             self._count("weight_int8pack_mm")
             out = torch._weight_int8pack_mm(rows, self.qweight, self.scales.to(x.dtype))

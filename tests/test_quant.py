@@ -95,12 +95,17 @@ def test_wq_gemv_kernel_against_float64(method: str):
 
     device = "cuda" if CUDA else "cpu"
     q, s = (t.to(device) for t in quantize_rows(weight(70, 200), method))  # N and K not multiples of the tiles
-    for m in (1, 3, 16):
+    for m, kernel in ((1, "row"), (1, "dot"), (1, "auto"), (3, "auto"), (16, "auto"), (33, "auto"), (64, "auto")):
         x = torch.randn(m, 200, device=device).to(torch.bfloat16)
         ref = x.double() @ dequantize_rows(q, s, torch.float64).t()
-        out = wq_linear(x, q, s)
+        out = wq_linear(x, q, s, kernel=kernel)
         assert out.dtype == torch.bfloat16 and out.shape == (m, 70)
-        assert ((out.double() - ref).norm() / ref.norm()).item() < 8e-3  # one bf16 rounding of the output
+        assert ((out.double() - ref).norm() / ref.norm()).item() < 8e-3, (m, kernel)  # one bf16 rounding
+    q, s = (t.to(device) for t in quantize_rows(weight(64, 512), method))  # tiles that divide the shape: no masks
+    x = torch.randn(1, 512, device=device).to(torch.bfloat16)
+    ref = x.double() @ dequantize_rows(q, s, torch.float64).t()
+    for kernel in ("row", "dot"):
+        assert ((wq_linear(x, q, s, kernel=kernel).double() - ref).norm() / ref.norm()).item() < 8e-3, kernel
 
 
 def test_quant_int8_engine_reports_the_bytes_it_saved():
