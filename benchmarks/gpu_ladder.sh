@@ -25,6 +25,14 @@
 # (570; the ladder gets what is left less 90 s; SIGKILL 40 s after SIGTERM). Exit status: the ladder's (124:
 # cut at the deadline, resume it). Measured (benchmarks/results/gpu_ladder_h200): the baseline does not keep
 # up at TS=0.5 (N=500) nor at TS=2.5 (N=80), and a rung of N=80 at TS=2.5 takes ~2 minutes.
+# A rung longer than a call (500 requests at TS=4: an 8.6-minute replay) runs detached instead: `start` launches
+# the whole ladder in its own process session (it outlives the call, for LADDER_S at most: a machine is held 30
+# minutes) and returns WAIT_S after the script started (DEADLINE_S less 90 s: 480) with what is done so far;
+# `wait`, called at once on the same warm machine (~30 s idle), polls again and packs again, until the ladder
+# ends (exit status 124 while it runs). The runs exported while the ladder still writes its store are a
+# snapshot: the last call's export, after the ladder ended, is the one to import.
+#   1  bash benchmarks/gpu_ladder.sh start   carry: wheelhouse .gpu-data .stage/mei
+#   2… bash benchmarks/gpu_ladder.sh wait                carry: nothing more
 # SMOKE=1 runs the same steps on the tiny model with this checkout's environment (the CPU check of the script).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -37,8 +45,12 @@ RUNGS=${RUNGS:-"[paged_kv,flash_attn,dynamic_batching,chunked_prefill,batched_de
 BASELINE=${BASELINE:-"engine.batch_size=64 engine.batch_timeout_ms=50"}
 DEADLINE_S=${DEADLINE_S:-570}  # seconds from this script's start by which everything is packed (a call: 600)
 STATE=${STATE:-/tmp/optladder-ladder}
-case "$MODE" in first|resume) ;; *) echo "usage: $0 first|resume"; exit 2 ;; esac
-[ "$MODE" = first ] && rm -rf "$STATE"  # a fresh ladder: nothing of an earlier one on this machine is reused
+case "$MODE" in first|resume|start|wait) ;; *) echo "usage: $0 first|resume|start|wait"; exit 2 ;; esac
+if [ "$MODE" = start ] && [ -f "$STATE/run.sh" ] && [ ! -f "$STATE/rc" ]; then
+  echo "a detached ladder still runs in $STATE: '$0 wait' for it"; exit 2
+fi
+# a fresh ladder: nothing of an earlier one on this machine is reused
+{ [ "$MODE" = first ] || [ "$MODE" = start ]; } && rm -rf "$STATE"
 # resume on a fresh machine: FROM, a folder carried along holding an earlier call's unpacked ladder-*.tgz
 if [ "$MODE" = resume ] && [ -n "${FROM:-}" ] && [ ! -d "$STATE/first" ]; then
   mkdir -p "$STATE" && cp -r "$FROM"/. "$STATE"/
@@ -87,8 +99,33 @@ ladder() {  # ladder NAME [overrides]: run.py until 90 s before DEADLINE_S, then
   tail -25 "$STATE/logs/$name.log"
 }
 
+detached() {  # start: the whole ladder in its own process session, for LADDER_S at most; poll until WAIT_S
+  local budget=${LADDER_S:-1560}
+  { printf 'cd %q && timeout -s TERM -k 40 %q ' "$PWD" "$budget"
+    printf '%q ' env PYTHONPATH="${PYTHONPATH:-}" OPTLADDER_DATA="$OPTLADDER_DATA" PYTHONUNBUFFERED=1 \
+      $PY run.py "${ARGS[@]}" hydra.run.dir="$STATE/first"
+    printf '> %q 2>&1; echo $? > %q && mv %q %q\n' "$STATE/logs/first.log" "$STATE/rc.tmp" "$STATE/rc.tmp" \
+      "$STATE/rc"; } > "$STATE/run.sh"
+  setsid bash "$STATE/run.sh" < /dev/null > /dev/null 2>&1 &
+  echo "the ladder runs detached (at most ${budget}s): $STATE/run.sh"
+}
+poll() {  # until the detached ladder ends, or WAIT_S from this script's start (packing needs what is left of
+  local until=${WAIT_S:-$((DEADLINE_S - 90))}  # DEADLINE_S); RC 124 while it still runs
+  while [ ! -f "$STATE/rc" ] && [ $SECONDS -lt $until ]; do sleep 10; done
+  if [ -f "$STATE/rc" ]; then RC=$(cat "$STATE/rc"); else RC=124; echo "still running: call '$0 wait' at once"; fi
+  tail -25 "$STATE/logs/first.log"
+}
+
 install
-if [ "$MODE" = first ]; then
+if [ "$MODE" = start ]; then
+  name=first
+  detached
+  poll
+elif [ "$MODE" = wait ]; then
+  [ -f "$STATE/run.sh" ] || { echo "no detached ladder on this machine ($STATE/run.sh): '$0 start' first"; exit 2; }
+  name=first
+  poll
+elif [ "$MODE" = first ]; then
   name=first
   ladder first
 else

@@ -14,6 +14,7 @@ if [ -f /tmp/stage/gguf.part0 ] && [ -f .stage/b/gguf.part1 ]; then
     SMOL=(--smollm2-cache /tmp/stage/cache)
   else
     echo "GGUF pieces do not match their sha256: SmolLM2 skipped"
+    rm -f "$pkg/SmolLM2-135M-Instruct.Q4_1.gguf"  # the next call joins them again
   fi
 else
   echo "no GGUF pieces (/tmp/stage/gguf.part0 and .stage/b/gguf.part1): SmolLM2 skipped"

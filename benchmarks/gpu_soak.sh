@@ -19,8 +19,10 @@ case "${1:-}" in
     shift
     rm -rf "$SOAK" && mkdir -p "$SOAK"
     nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv | tee "$SOAK/nvidia_smi.txt"
-    setsid bash -c "python3 benchmarks/gpu_soak.py --out $SOAK --minutes ${MINUTES:-10} $* > $SOAK/log.txt 2>&1; \
-                    echo \$? > $SOAK/rc" < /dev/null > /dev/null 2>&1 &
+    { printf '%q ' python3 benchmarks/gpu_soak.py --out "$SOAK" --minutes "${MINUTES:-10}" "$@"
+      printf '> %q 2>&1; echo $? > %q && mv %q %q\n' "$SOAK/log.txt" "$SOAK/rc.tmp" "$SOAK/rc.tmp" "$SOAK/rc"
+    } > "$SOAK/run.sh"
+    setsid bash "$SOAK/run.sh" < /dev/null > /dev/null 2>&1 &
     end=$((SECONDS + ${WAIT_S:-560}))
     while [ $SECONDS -lt $end ] && [ ! -f $SOAK/rc ]; do sleep 20; done
     tail -5 $SOAK/log.txt
@@ -31,6 +33,8 @@ case "${1:-}" in
     cp $SOAK/*.json $SOAK/*.md $SOAK/*.png $SOAK/*.txt $SOAK/rc "$OUT/soak/" 2>/dev/null
     (cd $SOAK && tar czf "$OUT/soak/records.tgz" ./*.jsonl 2>/dev/null)
     tail -30 $SOAK/log.txt
+    [ -f $SOAK/rc ] && exit "$(cat $SOAK/rc)"
+    exit 124
     ;;
   *)
     nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv | tee "$OUT/soak/nvidia_smi.txt"

@@ -95,6 +95,11 @@ class MLflowSweepCallback(Callback):
     def finish(self) -> None:
         """sweep.md, the load curves and the parent's status; also called by run.py when a job raised."""
         _active[:] = []
+        if not self.jobs and self.sweep_dir is not None:
+            # a launcher that ran the jobs in other processes (Ray, SLURM): their on_job_end ran there, so
+            # they are read back from their directories (before the swept keys leave the environment)
+            self.jobs = _jobs_from_dirs(self.sweep_dir)
+            self.failed = sum(j["status"].startswith("failed") for j in self.jobs)
         os.environ.pop(SWEEP_KEYS_ENV, None)
         os.environ.pop(PARENT_ENV, None)
         if self.sweep_dir is None:
@@ -114,6 +119,19 @@ class MLflowSweepCallback(Callback):
             client.log_artifact(self.parent_run_id, str(path))
         client.set_terminated(self.parent_run_id, status="FAILED" if self.failed else "FINISHED")
         self.parent_run_id = None
+
+
+def _jobs_from_dirs(sweep_dir: Path) -> list[dict]:
+    """Every job directory under the sweep's (each has .hydra/overrides.yaml), in job order."""
+    def order(d: Path) -> tuple:
+        return (0, int(d.name), "") if d.name.isdigit() else (1, 0, str(d))
+
+    jobs = []
+    for out in sorted((f.parent.parent for f in sweep_dir.glob("*/.hydra/overrides.yaml")), key=order):
+        overrides = [str(o) for o in OmegaConf.load(out / ".hydra" / "overrides.yaml")]
+        swept = " ".join(f"{k}={v}" for k, v in job_swept_values(overrides).items())
+        jobs.append({"job": len(jobs), "swept": swept, "dir": out, "status": _job_status(out), "name": _job_name(out)})
+    return jobs
 
 
 def _job_status(out: Path | None) -> str:

@@ -63,6 +63,14 @@ def test_ray_sweep_one_parent_a_child_per_job_and_no_gpu_shared(tmp_path, mlflow
     overlapping = [(a, b) for i, a in enumerate(spans) for b in spans[i + 1:] if a[0] < b[1] and b[0] < a[1]]
     assert overlapping, spans  # jobs ran at once...
     assert all(a[2] != b[2] for a, b in overlapping)  # ...never on the same GPU
+    assert_sweep_table(tmp_path / "sweep", ["seed=1", "seed=2"])
+
+
+def assert_sweep_table(sweep_dir: Path, swept: list[str]) -> None:
+    """sweep.md lists every job, though the jobs ran in other processes than the one that writes it."""
+    rows = [r for r in (sweep_dir / "sweep.md").read_text().splitlines()[2:] if r.startswith("|")]
+    assert [r.split("|")[2].strip() for r in rows] == swept, rows
+    assert all(r.split("|")[4].strip() == "ran" for r in rows), rows
 
 
 def test_submitit_local_sweep_keeps_one_parent(tmp_path, mlflow_server_uri):
@@ -72,6 +80,7 @@ def test_submitit_local_sweep_keeps_one_parent(tmp_path, mlflow_server_uri):
     parent, children = parent_and_children(mlflow_server_uri, exp)
     assert parent.info.status == "FINISHED" and sorted(c.data.params["seed"] for c in children) == ["1", "2"]
     assert all(c.info.status == "FINISHED" for c in children)
+    assert_sweep_table(tmp_path / "sweep", ["seed=1", "seed=2"])
 
 
 def test_a_failed_job_closes_the_sweeps_parent_as_failed(tmp_path):

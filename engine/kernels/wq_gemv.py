@@ -174,11 +174,12 @@ def wq_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, kern
 
 
 def chosen_configs() -> dict[str, str]:
-    """(N, K, M_PAD) -> the tile shape the autotuner picked, and at M = 1 which kernel won, for the record."""
+    """The autotuner's key (N, K, M_PAD and the arguments' dtypes) -> the tile shape it picked, and at M = 1
+    which kernel won, for the record."""
     out: dict[str, str] = {}
     if autotuned.cache_info().currsize:
-        out.update({f"dot {key[:3]}": str(cfg) for key, cfg in autotuned().cache.items()})
+        out.update({f"dot {key}": str(cfg) for key, cfg in autotuned().cache.items()})  # key: N, K, M_PAD, dtypes
     if autotuned_row.cache_info().currsize:
-        out.update({f"row {key[:2]}": str(cfg) for key, cfg in autotuned_row().cache.items()})
+        out.update({f"row {key}": str(cfg) for key, cfg in autotuned_row().cache.items()})
     out.update({f"M=1 {key[:2]} {key[2]}": "row" if won else "dot" for key, won in _ROW_WINS.items()})
     return out
