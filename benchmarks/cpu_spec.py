@@ -44,6 +44,16 @@ class Arm:
     evidence: dict = field(default_factory=dict)
 
 
+def spec_arms(k: int, draft_layers: int) -> dict[str, dict]:
+    """The three arms, name -> engine fields on top of the shared ones: no speculation, ngram, draft_layers."""
+    return {
+        "baseline (no speculation)": {},
+        f"ngram (k={k})": {"speculative": SpeculativeConfig("ngram", num_draft_tokens=k)},
+        f"draft_layers ({draft_layers} of 30, k={k})":
+            {"speculative": SpeculativeConfig("draft_layers", num_draft_tokens=k, num_draft_layers=draft_layers)},
+    }
+
+
 def one_request(engine: LLMEngine, prompt: list[int], max_tokens: int) -> tuple[str, float, int]:
     """The output text, the decode time (first token to last) and the tokens decoded after the first."""
     engine.add_request("r", prompt, SamplingParams(max_tokens=max_tokens, ignore_eos=False))
@@ -102,12 +112,7 @@ def main() -> int:
     base = dict(device="cpu", dtype="float32", cpu_threads=args.threads, max_model_len=1024, kv_cache_gb=0.1,
                 paged_kv=True, flash_attn=True, dynamic_batching=True, batched_decode=True)
     k = args.num_draft_tokens
-    configs = {
-        "baseline (no speculation)": {},
-        f"ngram (k={k})": {"speculative": SpeculativeConfig("ngram", num_draft_tokens=k)},
-        f"draft_layers ({args.draft_layers} of 30, k={k})":
-            {"speculative": SpeculativeConfig("draft_layers", num_draft_tokens=k, num_draft_layers=args.draft_layers)},
-    }
+    configs = spec_arms(k, args.draft_layers)
     engines = {name: LLMEngine(ModelConfig(), EngineConfig(**base, **kw)) for name, kw in configs.items()}
     tok = next(iter(engines.values())).tokenizer
     sets = {"repeat-heavy set (rewrite / fix / reformat)": read_user_set(REWRITE)[0][:args.rewrite_prompts],

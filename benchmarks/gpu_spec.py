@@ -51,12 +51,7 @@ def smollm2_batch1(args, device: str) -> dict:
     base = dict(device=device, dtype="bfloat16" if cuda else "float32", max_model_len=2048, kv_cache_gb=1.0,
                 paged_kv=True, flash_attn=True, dynamic_batching=True, batched_decode=True, cuda_graphs=cuda)
     k = args.num_draft_tokens
-    configs = {
-        "baseline (no speculation)": {},
-        f"ngram (k={k})": {"speculative": SpeculativeConfig("ngram", num_draft_tokens=k)},
-        f"draft_layers ({args.draft_layers} of 30, k={k})":
-            {"speculative": SpeculativeConfig("draft_layers", num_draft_tokens=k, num_draft_layers=args.draft_layers)},
-    }
+    configs = cpu_spec.spec_arms(k, args.draft_layers)
     mcfg = ModelConfig(cache_dir=args.smollm2_cache)
     engines = {name: LLMEngine(mcfg, EngineConfig(**base, **kw)) for name, kw in configs.items()}
     tok = next(iter(engines.values())).tokenizer
