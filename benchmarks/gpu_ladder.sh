@@ -33,6 +33,10 @@
 # snapshot: the last call's export, after the ladder ended, is the one to import.
 #   1  bash benchmarks/gpu_ladder.sh start   carry: wheelhouse .gpu-data .stage/mei
 #   2… bash benchmarks/gpu_ladder.sh wait                carry: nothing more
+# A later session (a fresh machine) resumes it detached from the last call's archive (FROM: a ladder-*.tgz, or a
+# folder it was unpacked into; a committed archive travels with the repository, no carry needed):
+#   FROM=benchmarks/results/gpu_ladder_h200/ts4_500/ladder-state.tgz TS=4 N=500 bash benchmarks/gpu_ladder.sh start
+# (carry: wheelhouse .gpu-data .stage/mei), then `wait` calls as above.
 # SMOKE=1 runs the same steps on the tiny model with this checkout's environment (the CPU check of the script).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -52,8 +56,13 @@ fi
 # a fresh ladder: nothing of an earlier one on this machine is reused
 { [ "$MODE" = first ] || [ "$MODE" = start ]; } && rm -rf "$STATE"
 # resume on a fresh machine: FROM, a folder carried along holding an earlier call's unpacked ladder-*.tgz
-if [ "$MODE" = resume ] && [ -n "${FROM:-}" ] && [ ! -d "$STATE/first" ]; then
-  mkdir -p "$STATE" && cp -r "$FROM"/. "$STATE"/
+# (`start` with FROM resumes that ladder detached)
+if { [ "$MODE" = resume ] || [ "$MODE" = start ]; } && [ -n "${FROM:-}" ] && [ ! -d "$STATE/first" ]; then
+  mkdir -p "$STATE"
+  if [ -f "$FROM" ]; then tar xzf "$FROM" -C "$STATE" || { echo "FROM=$FROM: not a readable ladder-*.tgz"; exit 2; }
+  elif [ -d "$FROM" ]; then cp -r "$FROM"/. "$STATE"/
+  else echo "FROM=$FROM is neither an earlier call's ladder-*.tgz nor a folder it was unpacked into"; exit 2; fi
+  rm -f "$STATE/run.sh" "$STATE/rc" "$STATE/rc.tmp" "$STATE/detached-name"
 fi
 mkdir -p "$OUT" "$STATE/logs"
 export PYTHONUNBUFFERED=1 OPTLADDER_DATA=${OPTLADDER_DATA:-$PWD/.gpu-data}
@@ -99,13 +108,21 @@ ladder() {  # ladder NAME [overrides]: run.py until 90 s before DEADLINE_S, then
   tail -25 "$STATE/logs/$name.log"
 }
 
+latest() {  # the newest run directory under $STATE that holds rungs (empty if none)
+  local d last=
+  for d in "$STATE"/first "$STATE"/resume*; do
+    [ -d "$d" ] && ls -d "$d"/rung* >/dev/null 2>&1 && last=$d
+  done
+  echo "$last"
+}
 detached() {  # start: the whole ladder in its own process session, for LADDER_S at most; poll until WAIT_S
   local budget=${LADDER_S:-1560}
   { printf 'cd %q && timeout -s TERM -k 40 %q ' "$PWD" "$budget"
     printf '%q ' env PYTHONPATH="${PYTHONPATH:-}" OPTLADDER_DATA="$OPTLADDER_DATA" PYTHONUNBUFFERED=1 \
-      $PY run.py "${ARGS[@]}" hydra.run.dir="$STATE/first"
-    printf '> %q 2>&1; echo $? > %q && mv %q %q\n' "$STATE/logs/first.log" "$STATE/rc.tmp" "$STATE/rc.tmp" \
+      $PY run.py "${ARGS[@]}" "$@" hydra.run.dir="$STATE/$name"
+    printf '> %q 2>&1; echo $? > %q && mv %q %q\n' "$STATE/logs/$name.log" "$STATE/rc.tmp" "$STATE/rc.tmp" \
       "$STATE/rc"; } > "$STATE/run.sh"
+  echo "$name" > "$STATE/detached-name"
   setsid bash "$STATE/run.sh" < /dev/null > /dev/null 2>&1 &
   echo "the ladder runs detached (at most ${budget}s): $STATE/run.sh"
 }
@@ -113,27 +130,31 @@ poll() {  # until the detached ladder ends, or WAIT_S from this script's start (
   local until=${WAIT_S:-$((DEADLINE_S - 90))}  # DEADLINE_S); RC 124 while it still runs
   while [ ! -f "$STATE/rc" ] && [ $SECONDS -lt $until ]; do sleep 10; done
   if [ -f "$STATE/rc" ]; then RC=$(cat "$STATE/rc"); else RC=124; echo "still running: call '$0 wait' at once"; fi
-  tail -25 "$STATE/logs/first.log"
+  tail -25 "$STATE/logs/$name.log"
 }
 
 install
 if [ "$MODE" = start ]; then
-  name=first
-  detached
+  last=$(latest)
+  if [ -n "${FROM:-}" ]; then
+    [ -n "$last" ] || { echo "FROM=$FROM holds no ladder with rungs"; exit 2; }
+    name=resume$(ls -d "$STATE"/resume*/ 2>/dev/null | wc -l)
+    detached ladder.resume_from="$last"
+  else
+    name=first
+    detached
+  fi
   poll
 elif [ "$MODE" = wait ]; then
   [ -f "$STATE/run.sh" ] || { echo "no detached ladder on this machine ($STATE/run.sh): '$0 start' first"; exit 2; }
-  name=first
+  name=$(cat "$STATE/detached-name" 2>/dev/null || echo first)
   poll
 elif [ "$MODE" = first ]; then
   name=first
   ladder first
 else
   # from the newest run directory that holds rungs: every rung that finished there is read back, not run again
-  last=
-  for d in "$STATE"/first "$STATE"/resume*; do
-    [ -d "$d" ] && ls -d "$d"/rung* >/dev/null 2>&1 && last=$d
-  done
+  last=$(latest)
   [ -n "$last" ] || { echo "no earlier ladder with rungs under $STATE: run '$0 first' on this machine first"; exit 2; }
   name=resume$(ls -d "$STATE"/resume*/ 2>/dev/null | wc -l)
   ladder "$name" ladder.resume_from="$last"
