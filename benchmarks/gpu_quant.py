@@ -122,22 +122,26 @@ def kernel_checks(device: torch.device) -> list[dict]:
     return rows
 
 
+L2_FLUSH_BYTES = 256 << 20  # H200 L2: 50 MB; each timed call reads a weight copy not read in the last 200+ MB
+
+
 def kernel_speed() -> list[dict]:
     """Each Llama-3-8B decode shape alone: bf16 F.linear (cuBLAS) against the one-byte weight kernels at
     M = 1 (the one-row kernel and the dot kernel, each autotuned) and M = 32, as the weight bytes read per
-    second (GB/s)."""
+    second (GB/s). Each call reads the next of several copies of its weight (at least L2_FLUSH_BYTES in all),
+    so no call finds its weight in the 50 MB L2, as in a decode step that reads every layer once."""
     from engine.kernels.wq_gemv import wq_linear
 
-    def timed(fn) -> float:
+    def timed(fn, copies: int) -> float:
         """50 calls captured in one CUDA graph (no Python launch cost, as in the engine's graph-replayed
-        decode), replayed 5 times: the median ms per call."""
-        for _ in range(3):
-            fn()  # autotuning and compilation, outside the capture
+        decode), call i on weight copy i % copies, replayed 5 times: the median ms per call."""
+        for i in range(3):
+            fn(i % copies)  # autotuning and compilation, outside the capture
         torch.cuda.synchronize()
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
-            for _ in range(50):
-                fn()
+            for i in range(50):
+                fn(i % copies)
         times = []
         for _ in range(5):
             a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -154,17 +158,26 @@ def kernel_speed() -> list[dict]:
         wb = torch.randn(n, k, device="cuda", generator=gen).to(torch.bfloat16) * 0.02
         for m in (1, 32):
             x = torch.randn(m, k, device="cuda", generator=gen).to(torch.bfloat16)
-            ms = timed(lambda: torch.nn.functional.linear(x, wb))
+            nb = -(-L2_FLUSH_BYTES // (n * k * 2))
+            wbs = [wb.clone() for _ in range(nb)]
+            ms = timed(lambda i: torch.nn.functional.linear(x, wbs[i]), nb)
             rows.append({"shape": f"{n}x{k}", "M": m, "kernel": "bf16 F.linear", "us": ms * 1e3,
-                         "gb_s": n * k * 2 / ms / 1e6})
+                         "gb_s": n * k * 2 / ms / 1e6, "weight_copies": nb})
+            wbs = []  # free the copies before the next allocation
             for method in ("fp8", "int8"):
                 q, sc = quantize_rows(wb, method)
+                nq = -(-L2_FLUSH_BYTES // (n * k))
+                qs = [(q.clone(), sc.clone()) for _ in range(nq)]
                 for kernel in (("row", "dot") if m == 1 else ("dot",)):
-                    ms = timed(lambda: wq_linear(x, q, sc, kernel=kernel))
+                    ms = timed(lambda i: wq_linear(x, qs[i][0], qs[i][1], kernel=kernel), nq)
                     rows.append({"shape": f"{n}x{k}", "M": m, "kernel": f"{method} {kernel}", "us": ms * 1e3,
-                                 "gb_s": (n * k + 4 * n) / ms / 1e6})
+                                 "gb_s": (n * k + 4 * n) / ms / 1e6, "weight_copies": nq})
+                qs = []
+        del wb
+        torch.cuda.empty_cache()
     for r in rows:
-        log(f"kernel {r['shape']:>11s} M={r['M']:2d} {r['kernel']:14s} {r['us']:8.1f} us {r['gb_s']:7.0f} GB/s")
+        log(f"kernel {r['shape']:>11s} M={r['M']:2d} {r['kernel']:14s} {r['us']:8.1f} us {r['gb_s']:7.0f} GB/s "
+            f"({r['weight_copies']} copies)")
     return rows
 
 

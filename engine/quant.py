@@ -7,8 +7,9 @@ the vocabulary projection is the layer most sensitive to rounding, and on Llama-
 
 - int8 (weight-only, CPU and GPU): q = round(W / s), s = max|row| / 127. The activations stay in the model
   dtype: decode batches of up to 64 rows on CUDA run the Triton kernel of engine/kernels/wq_gemv.py, which
-  reads the int8 weight once; bfloat16 decode rows on a CPU run torch's int8 weight kernel
-  (_weight_int8pack_mm); everything else dequantizes the weight to the model dtype and runs F.linear.
+  reads the int8 weight once; float32 decode rows on a CPU run the C kernel of engine/kernels/cpu_int8.py
+  (built once with the host's C compiler), bfloat16 ones torch's int8 weight kernel (_weight_int8pack_mm);
+  everything else dequantizes the weight to the model dtype and runs F.linear.
 - fp8 (CUDA capability >= 8.9): q = fp8_e4m3(W / s), s = max|row| / 448. Decode batches of up to 64 rows run
   the same Triton kernel (fp8 weight, bf16 activations); larger batches (prefill) quantize the activations
   per token to E4M3 and run torch._scaled_mm with row-wise scales (per-tensor activation scales on 8.9).
@@ -25,7 +26,7 @@ from torch import nn
 INT8_MAX = 127.0
 FP8_MAX = 448.0  # largest finite float8_e4m3fn
 SKINNY_MAX_M = 64  # CUDA: engine/kernels/wq_gemv.py up to this many rows, then the prefill path
-CPU_INT8_MAX_M = 16  # CPU: torch's int8 weight kernel up to this many rows, then dequantize
+CPU_INT8_MAX_M = 16  # CPU: an int8 kernel up to this many rows, then dequantize (a prefill's GEMM is compute-bound)
 FP8_MIN_CAPABILITY = (8, 9)
 
 
@@ -38,12 +39,20 @@ class QuantReport:
     weight_bytes_before: int = 0
     weight_bytes_after: int = 0
     kernels: dict[str, int] = field(default_factory=dict)  # kernel -> eager calls (a graph replay is not one)
+    notes: list[str] = field(default_factory=list)  # why a faster kernel did not run
 
     def evidence(self) -> dict:
-        return {"on": self.method is not None, "method": self.method, "linear_layers": self.layers,
-                "weight_bytes_before": self.weight_bytes_before, "weight_bytes_after": self.weight_bytes_after,
-                "weight_bytes_ratio": round(self.weight_bytes_after / max(1, self.weight_bytes_before), 4),
-                "kernels": dict(sorted(self.kernels.items()))}
+        out = {"on": self.method is not None, "method": self.method, "linear_layers": self.layers,
+               "weight_bytes_before": self.weight_bytes_before, "weight_bytes_after": self.weight_bytes_after,
+               "weight_bytes_ratio": round(self.weight_bytes_after / max(1, self.weight_bytes_before), 4),
+               "kernels": dict(sorted(self.kernels.items()))}
+        if self.notes:
+            out["notes"] = list(self.notes)
+        return out
+
+    def note(self, why: str) -> None:
+        if why not in self.notes:
+            self.notes.append(why)
 
 
 def quantize_rows(weight: torch.Tensor, method: str) -> tuple[torch.Tensor, torch.Tensor]:
@@ -78,6 +87,14 @@ class QuantLinear(nn.Module):
     def _count(self, kernel: str) -> None:
         self.report.kernels[kernel] = self.report.kernels.get(kernel, 0) + 1
 
+    def _cpu_int8_kernel(self) -> bool:
+        from engine.kernels import cpu_int8
+
+        if cpu_int8.kernel() is None:
+            self.report.note(f"float32 decode rows dequantize: {cpu_int8.unavailable()}")
+            return False
+        return True
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, x.shape[-1])
         m = rows.shape[0]
@@ -89,6 +106,12 @@ class QuantLinear(nn.Module):
         elif self.method == "fp8" and x.is_cuda:
             self._count("scaled_mm_fp8")
             out = scaled_mm_fp8(rows, self.qweight, self.scales)
+        elif self.method == "int8" and not x.is_cuda and x.dtype == torch.float32 and m <= CPU_INT8_MAX_M \
+                and self._cpu_int8_kernel():
+            from engine.kernels.cpu_int8 import int8_linear
+
+            self._count("cpu_int8_gemm_c")
+            out = int8_linear(rows, self.qweight, self.scales)
         elif self.method == "int8" and not x.is_cuda and x.dtype == torch.bfloat16 and m <= CPU_INT8_MAX_M:
             # torch's CPU int8 kernel: fast for decode rows in bf16, far slower than dequantizing for prefill
             self._count("weight_int8pack_mm")
@@ -147,6 +170,11 @@ def quantize_model(model: nn.Module, method: str | None) -> QuantReport:
                     report.layers += 1
         if next(model.parameters()).is_cuda:
             torch.cuda.empty_cache()  # the dense weights are gone: give their memory back to the KV budget
+        elif report.method == "int8":  # build the CPU kernel now, not inside the first request's latency
+            from engine.kernels import cpu_int8
+
+            if cpu_int8.kernel() is None:
+                report.note(f"float32 decode rows dequantize: {cpu_int8.unavailable()}")
     report.weight_bytes_after = model_weight_bytes(model)
     return report
 

@@ -59,10 +59,10 @@ def test_quant_linear_matches_its_dequantized_weights(method: str):
         lin.weight.copy_(weight())
     mod = QuantLinear(lin, method, QuantReport(method))
     assert not hasattr(mod, "weight")  # code expecting a dense .weight fails loudly
-    x = torch.randn(2, 5, 96)
+    x = torch.randn(4, 5, 96)  # 20 rows: more than a decode kernel takes (CPU_INT8_MAX_M)
     ref = x.double() @ dequantize_rows(mod.qweight, mod.scales, torch.float64).t()
     out = mod(x)
-    assert out.shape == (2, 5, 48) and out.dtype == torch.float32
+    assert out.shape == (4, 5, 48) and out.dtype == torch.float32
     assert torch.allclose(out.double(), ref, rtol=1e-5, atol=1e-4)
     assert mod.report.kernels == {f"dequant_linear_{method}": 1}
 
@@ -75,6 +75,60 @@ def test_cpu_bf16_decode_rows_run_the_int8_kernel():
     out = mod(x)
     assert mod.report.kernels == {"weight_int8pack_mm": 1}
     assert ((out.double() - ref).norm() / ref.norm()).item() < 1e-2  # bf16 output rounding
+
+
+def test_cpu_int8_c_kernel_against_float64():
+    from engine.kernels import cpu_int8
+
+    if cpu_int8.kernel() is None:
+        pytest.skip(cpu_int8.unavailable())
+    for n, k in ((70, 200), (1, 5), (4, 128), (9, 300)):  # N not a multiple of 4, K not of the 128-wide slices
+        q, s = quantize_rows(weight(max(n, 6), k)[:n], "int8")
+        for m in (1, 3, 16, 64):
+            x = torch.randn(m, k, generator=torch.Generator().manual_seed(m))
+            ref = x.double() @ dequantize_rows(q, s, torch.float64).t()
+            out = cpu_int8.int8_linear(x, q, s)
+            assert out.shape == (m, n) and out.dtype == torch.float32
+            err = (out.double() - ref).abs().max().item()
+            assert err <= 1e-5 * ref.abs().max().item() + 1e-6, (n, k, m, err)  # float32 sums, another order
+    with pytest.raises(ValueError, match="1 <= M <= 64"):
+        cpu_int8.int8_linear(torch.randn(65, 200), *quantize_rows(weight(70, 200), "int8"))
+    with pytest.raises(TypeError, match="float32 rows"):
+        cpu_int8.int8_linear(torch.randn(2, 200).double(), *quantize_rows(weight(70, 200), "int8"))
+
+
+def test_cpu_float32_decode_rows_run_the_c_kernel_and_say_why_not(monkeypatch, tmp_path):
+    from engine.kernels import cpu_int8
+
+    lin = nn.Linear(96, 48, bias=False)
+    with torch.no_grad():
+        lin.weight.copy_(weight())
+    x = torch.randn(4, 96)
+    if cpu_int8.kernel() is not None:
+        mod = QuantLinear(lin, "int8", QuantReport("int8"))
+        ref = mod(torch.randn(20, 96))  # a prefill's rows: dequantized
+        out = mod(x)
+        assert mod.report.kernels == {"dequant_linear_int8": 1, "cpu_int8_gemm_c": 1} and ref.shape == (20, 48)
+        assert torch.allclose(out.double(), x.double() @ dequantize_rows(mod.qweight, mod.scales, torch.float64).t(),
+                              rtol=1e-5, atol=1e-5)
+        assert "notes" not in mod.report.evidence()
+    # turned off: the dequantizing path runs, and the evidence says why
+    monkeypatch.setattr(cpu_int8, "ENABLED", False)
+    mod = QuantLinear(lin, "int8", QuantReport("int8"))
+    mod(x)
+    ev = mod.report.evidence()
+    assert ev["kernels"] == {"dequant_linear_int8": 1} and "turned off" in ev["notes"][0]
+    # no working compiler: not built, the reason is kept, nothing raises
+    monkeypatch.setattr(cpu_int8, "ENABLED", True)
+    for name, value in (("_tried", False), ("_fn", None), ("_why", None)):
+        monkeypatch.setattr(cpu_int8, name, value)
+    monkeypatch.setenv("CC", "/bin/false")
+    monkeypatch.setenv("OPTLADDER_CACHE", str(tmp_path))
+    mod = QuantLinear(lin, "int8", QuantReport("int8"))
+    mod(x)
+    ev = mod.report.evidence()
+    assert ev["kernels"] == {"dequant_linear_int8": 1} and "could not be built: /bin/false failed" in ev["notes"][0]
+    assert not list(tmp_path.rglob("*.so"))
 
 
 def test_scaled_mm_fp8_quantizes_activations_per_token():
