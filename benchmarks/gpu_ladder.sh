@@ -36,9 +36,11 @@
 # A later session (a fresh machine) resumes it detached from the last call's archive (FROM: a ladder-*.tgz, or a
 # folder it was unpacked into; a committed archive travels with the repository, no carry needed):
 #   FROM=benchmarks/results/gpu_ladder_h200/ts4_500/ladder-state.tgz TS=4 N=500 bash benchmarks/gpu_ladder.sh start
-# (carry: wheelhouse .gpu-data .stage/mei), then `wait` calls as above.
+# (carry: wheelhouse .gpu-data .stage/mei), then `wait` calls as above. TS, N, RUNGS, BASELINE and EXTRA must be those
+# the archive ran with (refused otherwise); an archive split into FROM.part00, .part01, ... is joined.
 # SMOKE=1 runs the same steps on the tiny model with this checkout's environment (the CPU check of the script).
 set -uo pipefail
+[ -n "${FROM:-}" ] && FROM=$(realpath -m "$FROM")  # relative to where the command was given
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/gpu_out}
 MODE=${1:-first}
@@ -53,6 +55,10 @@ case "$MODE" in first|resume|start|wait) ;; *) echo "usage: $0 first|resume|star
 if [ "$MODE" = start ] && [ -f "$STATE/run.sh" ] && [ ! -f "$STATE/rc" ]; then
   echo "a detached ladder still runs in $STATE: '$0 wait' for it"; exit 2
 fi
+# FROM: an archive (or its 15 MiB pieces FROM.part00, FROM.part01, ...) or a folder; checked before anything is removed
+if [ -n "${FROM:-}" ] && [ ! -e "$FROM" ] && [ ! -e "$FROM.part00" ]; then
+  echo "FROM=$FROM: no such archive, pieces ($FROM.part00 ...) or folder"; exit 2
+fi
 # a fresh ladder: nothing of an earlier one on this machine is reused
 { [ "$MODE" = first ] || [ "$MODE" = start ]; } && rm -rf "$STATE"
 # resume on a fresh machine: FROM, a folder carried along holding an earlier call's unpacked ladder-*.tgz
@@ -60,6 +66,8 @@ fi
 if { [ "$MODE" = resume ] || [ "$MODE" = start ]; } && [ -n "${FROM:-}" ] && [ ! -d "$STATE/first" ]; then
   mkdir -p "$STATE"
   if [ -f "$FROM" ]; then tar xzf "$FROM" -C "$STATE" || { echo "FROM=$FROM: not a readable ladder-*.tgz"; exit 2; }
+  elif [ -f "$FROM.part00" ]; then
+    cat "$FROM".part* | tar xz -C "$STATE" || { echo "FROM=$FROM.part*: not the pieces of a ladder-*.tgz"; exit 2; }
   elif [ -d "$FROM" ]; then cp -r "$FROM"/. "$STATE"/
   else echo "FROM=$FROM is neither an earlier call's ladder-*.tgz nor a folder it was unpacked into"; exit 2; fi
   rm -f "$STATE/run.sh" "$STATE/rc" "$STATE/rc.tmp" "$STATE/detached-name"
@@ -138,6 +146,13 @@ if [ "$MODE" = start ]; then
   last=$(latest)
   if [ -n "${FROM:-}" ]; then
     [ -n "$last" ] || { echo "FROM=$FROM holds no ladder with rungs"; exit 2; }
+    # the same settings or nothing is resumed (a rung run under other settings is run again, from rung 0)
+    if [ -f "$last/.hydra/overrides.yaml" ] && ! diff <(sed -n 's/^- //p' "$last/.hydra/overrides.yaml" \
+        | grep -v '^ladder.resume_from=\|^tracking.uri=' | sort) <(printf '%s\n' "${ARGS[@]}" | grep -v '^tracking.uri=' \
+        | sort) > "$STATE/logs/settings.diff"; then
+      echo "FROM=$FROM ran with other settings than this call (TS, N, RUNGS, BASELINE, EXTRA); '<' its, '>' this call's:"
+      cat "$STATE/logs/settings.diff"; exit 2
+    fi
     name=resume$(ls -d "$STATE"/resume*/ 2>/dev/null | wc -l)
     detached ladder.resume_from="$last"
   else

@@ -170,7 +170,8 @@ def quantize_model(model: nn.Module, method: str | None) -> QuantReport:
                     report.layers += 1
         if next(model.parameters()).is_cuda:
             torch.cuda.empty_cache()  # the dense weights are gone: give their memory back to the KV budget
-        elif report.method == "int8":  # build the CPU kernel now, not inside the first request's latency
+        elif report.method == "int8" and next(model.parameters()).dtype == torch.float32:
+            # build the CPU kernel (float32 decode rows) now, not inside the first request's latency
             from engine.kernels import cpu_int8
 
             if cpu_int8.kernel() is None:

@@ -91,27 +91,49 @@ def test_cpu_int8_c_kernel_against_float64():
             assert out.shape == (m, n) and out.dtype == torch.float32
             err = (out.double() - ref).abs().max().item()
             assert err <= 1e-5 * ref.abs().max().item() + 1e-6, (n, k, m, err)  # float32 sums, another order
+    # two threads (the rows split between them) and strided inputs (taken as contiguous copies)
+    q, s = quantize_rows(weight(70, 400), "int8")
+    x = torch.randn(5, 800)[:, ::2]
+    ref = x.double() @ dequantize_rows(q, s, torch.float64).t()
+    n = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        out = cpu_int8.int8_linear(x, q.t().contiguous().t(), s)
+    finally:
+        torch.set_num_threads(n)
+    assert (out.double() - ref).abs().max().item() <= 1e-5 * ref.abs().max().item() + 1e-6
     with pytest.raises(ValueError, match="1 <= M <= 64"):
         cpu_int8.int8_linear(torch.randn(65, 200), *quantize_rows(weight(70, 200), "int8"))
+    with pytest.raises(ValueError, match=r"x \[M, K\]"):
+        cpu_int8.int8_linear(torch.randn(200), *quantize_rows(weight(70, 200), "int8"))
     with pytest.raises(TypeError, match="float32 rows"):
         cpu_int8.int8_linear(torch.randn(2, 200).double(), *quantize_rows(weight(70, 200), "int8"))
 
 
-def test_cpu_float32_decode_rows_run_the_c_kernel_and_say_why_not(monkeypatch, tmp_path):
+def test_cpu_float32_decode_rows_run_the_c_kernel():
     from engine.kernels import cpu_int8
 
     lin = nn.Linear(96, 48, bias=False)
     with torch.no_grad():
         lin.weight.copy_(weight())
     x = torch.randn(4, 96)
-    if cpu_int8.kernel() is not None:
-        mod = QuantLinear(lin, "int8", QuantReport("int8"))
-        ref = mod(torch.randn(20, 96))  # a prefill's rows: dequantized
-        out = mod(x)
-        assert mod.report.kernels == {"dequant_linear_int8": 1, "cpu_int8_gemm_c": 1} and ref.shape == (20, 48)
-        assert torch.allclose(out.double(), x.double() @ dequantize_rows(mod.qweight, mod.scales, torch.float64).t(),
-                              rtol=1e-5, atol=1e-5)
-        assert "notes" not in mod.report.evidence()
+    if cpu_int8.kernel() is None:
+        pytest.skip(cpu_int8.unavailable())
+    # the kernel is there: decode rows run it, prompt rows dequantize
+    mod = QuantLinear(lin, "int8", QuantReport("int8"))
+    ref = mod(torch.randn(20, 96))  # a prefill's rows: dequantized
+    out = mod(x)
+    assert mod.report.kernels == {"dequant_linear_int8": 1, "cpu_int8_gemm_c": 1} and ref.shape == (20, 48)
+    assert torch.allclose(out.double(), x.double() @ dequantize_rows(mod.qweight, mod.scales, torch.float64).t(),
+                          rtol=1e-5, atol=1e-5)
+    assert "notes" not in mod.report.evidence()
+
+
+def test_cpu_int8_without_the_c_kernel_dequantizes_and_says_why(monkeypatch, tmp_path):
+    from engine.kernels import cpu_int8
+
+    lin = nn.Linear(96, 48, bias=False)
+    x = torch.randn(4, 96)
     # turned off: the dequantizing path runs, and the evidence says why
     monkeypatch.setattr(cpu_int8, "ENABLED", False)
     mod = QuantLinear(lin, "int8", QuantReport("int8"))

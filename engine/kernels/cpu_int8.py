@@ -22,6 +22,7 @@ import ctypes
 import hashlib
 import os
 import platform
+import shlex
 import shutil
 import subprocess
 import tempfile
@@ -75,8 +76,11 @@ int optladder_int8_gemm(const float* x, const int8_t* q, const float* s, float* 
 """
 MAX_M = 64  # the C kernel's accumulator rows
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC")
+PORTABLE_FLAGS = ("-O3", "-shared", "-fPIC")  # a compiler that refuses -march=native or -fopenmp: one thread
 
-ENABLED = os.environ.get("OPTLADDER_CPU_INT8_KERNEL", "1") != "0"  # read at every call (a benchmark toggles it)
+# OPTLADDER_CPU_INT8_KERNEL=0 at start-up turns the kernel off; kernel() reads ENABLED at every call, so a
+# benchmark can toggle it in-process
+ENABLED = os.environ.get("OPTLADDER_CPU_INT8_KERNEL", "1") != "0"
 
 _lock = threading.Lock()
 _fn = None
@@ -85,8 +89,16 @@ _tried = False
 
 
 def _cache_dir() -> Path:
+    """$OPTLADDER_CACHE/kernels, else <project>/.cache/kernels; a folder that cannot be written: the temp dir's."""
     root = os.environ.get("OPTLADDER_CACHE") or Path(__file__).resolve().parents[2] / ".cache"
-    return Path(root) / "kernels"
+    d = Path(root) / "kernels"
+    try:
+        d.mkdir(parents=True, exist_ok=True)
+        if os.access(d, os.W_OK):
+            return d
+    except OSError:
+        pass
+    return Path(tempfile.gettempdir()) / f"optladder-kernels-{os.getuid() if hasattr(os, 'getuid') else 0}"
 
 
 def _cpu_flags() -> str:
@@ -100,10 +112,13 @@ def _cpu_flags() -> str:
 
 
 def _build() -> Path:
-    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
-    if not cc:
+    cc = shlex.split(os.environ.get("CC", "")) or [shutil.which("cc") or shutil.which("gcc") or ""]
+    if not cc[0]:
         raise RuntimeError("no C compiler found (cc or gcc on PATH, or $CC)")
-    version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30).stdout
+    try:
+        version = subprocess.run([*cc, "--version"], capture_output=True, text=True, timeout=30).stdout
+    except OSError as e:
+        raise RuntimeError(f"the C compiler {' '.join(cc)!r} does not run: {e}") from e
     key = hashlib.sha256("\0".join((SOURCE, " ".join(FLAGS), version, platform.machine(),
                                     _cpu_flags())).encode()).hexdigest()[:16]
     out = _cache_dir() / f"int8_gemm-{key}.so"
@@ -114,9 +129,13 @@ def _build() -> Path:
         src = Path(tmp) / "int8_gemm.c"
         src.write_text(SOURCE)
         lib = Path(tmp) / out.name
-        proc = subprocess.run([cc, *FLAGS, str(src), "-o", str(lib)], capture_output=True, text=True, timeout=120)
-        if proc.returncode != 0:
-            raise RuntimeError(f"{cc} failed: {(proc.stderr or proc.stdout).strip()[-400:]}")
+        for flags in (FLAGS, PORTABLE_FLAGS):
+            proc = subprocess.run([*cc, *flags, str(src), "-o", str(lib)], capture_output=True, text=True,
+                                  timeout=120)
+            if proc.returncode == 0:
+                break
+        else:
+            raise RuntimeError(f"{' '.join(cc)} failed: {(proc.stderr or proc.stdout).strip()[-400:]}")
         os.replace(lib, out)  # atomic: a concurrent build of the same key writes the same bytes
     return out
 
@@ -153,16 +172,19 @@ def int8_linear(x: torch.Tensor, q: torch.Tensor, s: torch.Tensor) -> torch.Tens
     fn = kernel()
     if fn is None:
         raise RuntimeError(unavailable())
+    if x.dtype != torch.float32 or q.dtype != torch.int8 or s.dtype != torch.float32 \
+            or {t.device.type for t in (x, q, s)} != {"cpu"}:
+        raise TypeError(f"int8_linear takes float32 rows, int8 codes and float32 scales on the CPU, not "
+                        f"{x.dtype}, {q.dtype}, {s.dtype} on {x.device}, {q.device}, {s.device}")
+    if x.dim() != 2 or q.dim() != 2:
+        raise ValueError(f"int8_linear: x [M, K] and q [N, K], not {tuple(x.shape)} and {tuple(q.shape)}")
     m, k = x.shape
     n = q.shape[0]
-    if x.dtype != torch.float32 or q.dtype != torch.int8 or s.dtype != torch.float32 or x.is_cuda:
-        raise TypeError(f"int8_linear takes float32 rows, int8 codes and float32 scales on the CPU, not "
-                        f"{x.dtype}, {q.dtype}, {s.dtype} on {x.device}")
     if not 1 <= m <= MAX_M or q.shape[1] != k or s.shape != (n,):
         raise ValueError(f"int8_linear: shapes x {tuple(x.shape)}, q {tuple(q.shape)}, s {tuple(s.shape)} "
                          f"(1 <= M <= {MAX_M}, q [N, K], s [N])")
     x, q, s = x.contiguous(), q.contiguous(), s.contiguous()
-    y = torch.empty(m, n, dtype=torch.float32)
+    y = torch.empty(m, n, dtype=torch.float32, device="cpu")
     rc = fn(x.data_ptr(), q.data_ptr(), s.data_ptr(), y.data_ptr(), m, n, k, torch.get_num_threads())
     if rc:
         raise RuntimeError(f"int8 kernel refused M={m}")
