@@ -23,6 +23,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from engine.kernels import cpu_int8
+
 INT8_MAX = 127.0
 FP8_MAX = 448.0  # largest finite float8_e4m3fn
 SKINNY_MAX_M = 64  # CUDA: engine/kernels/wq_gemv.py up to this many rows, then the prefill path
@@ -87,14 +89,6 @@ class QuantLinear(nn.Module):
     def _count(self, kernel: str) -> None:
         self.report.kernels[kernel] = self.report.kernels.get(kernel, 0) + 1
 
-    def _cpu_int8_kernel(self) -> bool:
-        from engine.kernels import cpu_int8
-
-        if cpu_int8.kernel() is None:
-            self.report.note(f"float32 decode rows dequantize: {cpu_int8.unavailable()}")
-            return False
-        return True
-
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, x.shape[-1])
         m = rows.shape[0]
@@ -107,11 +101,9 @@ class QuantLinear(nn.Module):
             self._count("scaled_mm_fp8")
             out = scaled_mm_fp8(rows, self.qweight, self.scales)
         elif self.method == "int8" and not x.is_cuda and x.dtype == torch.float32 and m <= CPU_INT8_MAX_M \
-                and self._cpu_int8_kernel():
-            from engine.kernels.cpu_int8 import int8_linear
-
+                and cpu_int8_ready(self.report):
             self._count("cpu_int8_gemm_c")
-            out = int8_linear(rows, self.qweight, self.scales)
+            out = cpu_int8.int8_linear(rows, self.qweight, self.scales)
         elif self.method == "int8" and not x.is_cuda and x.dtype == torch.bfloat16 and m <= CPU_INT8_MAX_M:
             # torch's CPU int8 kernel: fast for decode rows in bf16, far slower than dequantizing for prefill
             self._count("weight_int8pack_mm")
@@ -120,6 +112,14 @@ class QuantLinear(nn.Module):
             self._count(f"dequant_linear_{self.method}")
             out = F.linear(rows, dequantize_rows(self.qweight, self.scales, x.dtype))
         return out.reshape(*x.shape[:-1], self.out_features)
+
+
+def cpu_int8_ready(report: QuantReport) -> bool:
+    """Whether the CPU int8 kernel (float32 decode rows) can run; if not, the report notes why."""
+    if cpu_int8.kernel() is None:
+        report.note(f"float32 decode rows dequantize: {cpu_int8.unavailable()}")
+        return False
+    return True
 
 
 def scaled_mm_fp8(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
@@ -171,11 +171,7 @@ def quantize_model(model: nn.Module, method: str | None) -> QuantReport:
         if next(model.parameters()).is_cuda:
             torch.cuda.empty_cache()  # the dense weights are gone: give their memory back to the KV budget
         elif report.method == "int8" and next(model.parameters()).dtype == torch.float32:
-            # build the CPU kernel (float32 decode rows) now, not inside the first request's latency
-            from engine.kernels import cpu_int8
-
-            if cpu_int8.kernel() is None:
-                report.note(f"float32 decode rows dequantize: {cpu_int8.unavailable()}")
+            cpu_int8_ready(report)  # build the CPU kernel now, not inside the first request's latency
     report.weight_bytes_after = model_weight_bytes(model)
     return report
 
