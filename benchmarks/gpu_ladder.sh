@@ -33,6 +33,8 @@
 # snapshot: the last call's export, after the ladder ended, is the one to import.
 #   1  bash benchmarks/gpu_ladder.sh start   carry: wheelhouse .gpu-data .stage/mei
 #   2… bash benchmarks/gpu_ladder.sh wait                carry: nothing more
+# STOP_AFTER=K (given to start and wait) ends the ladder once rung K is judged, so a session's device time is not
+# spent on a rung that cannot finish within it.
 # A later session (a fresh machine) resumes it detached from the last call's archive (FROM: a ladder-*.tgz, or a
 # folder it was unpacked into; a committed archive travels with the repository, no carry needed):
 #   FROM=benchmarks/results/gpu_ladder_h200/ts4_500/ladder-state.tgz TS=4 N=500 bash benchmarks/gpu_ladder.sh start
@@ -70,7 +72,7 @@ if { [ "$MODE" = resume ] || [ "$MODE" = start ]; } && [ -n "${FROM:-}" ] && [ !
     cat "$FROM".part* | tar xz -C "$STATE" || { echo "FROM=$FROM.part*: not the pieces of a ladder-*.tgz"; exit 2; }
   elif [ -d "$FROM" ]; then cp -r "$FROM"/. "$STATE"/
   else echo "FROM=$FROM is neither an earlier call's ladder-*.tgz nor a folder it was unpacked into"; exit 2; fi
-  rm -f "$STATE/run.sh" "$STATE/rc" "$STATE/rc.tmp" "$STATE/detached-name"
+  rm -f "$STATE/run.sh" "$STATE/rc" "$STATE/rc.tmp" "$STATE/detached-name" "$STATE/stop-sent"
 fi
 mkdir -p "$OUT" "$STATE/logs"
 export PYTHONUNBUFFERED=1 OPTLADDER_DATA=${OPTLADDER_DATA:-$PWD/.gpu-data}
@@ -136,7 +138,15 @@ detached() {  # start: the whole ladder in its own process session, for LADDER_S
 }
 poll() {  # until the detached ladder ends, or WAIT_S from this script's start (packing needs what is left of
   local until=${WAIT_S:-$((DEADLINE_S - 90))}  # DEADLINE_S); RC 124 while it still runs
-  while [ ! -f "$STATE/rc" ] && [ $SECONDS -lt $until ]; do sleep 10; done
+  while [ ! -f "$STATE/rc" ] && [ $SECONDS -lt $until ]; do
+    # STOP_AFTER=K: end the ladder once rung K is judged (the next session resumes from there)
+    if [ -n "${STOP_AFTER:-}" ] && grep -q "^rung $STOP_AFTER (" "$STATE/logs/$name.log" 2>/dev/null \
+        && [ ! -f "$STATE/stop-sent" ]; then
+      sleep 3; echo "rung $STOP_AFTER judged: stopping the ladder (STOP_AFTER=$STOP_AFTER)"
+      touch "$STATE/stop-sent"; pkill -TERM -f "run.py [+]ladder=gpu"
+    fi
+    sleep 10
+  done
   if [ -f "$STATE/rc" ]; then RC=$(cat "$STATE/rc"); else RC=124; echo "still running: call '$0 wait' at once"; fi
   tail -25 "$STATE/logs/$name.log"
 }
