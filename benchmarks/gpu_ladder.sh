@@ -40,6 +40,13 @@
 #   FROM=benchmarks/results/gpu_ladder_h200/ts4_500/ladder-state.tgz TS=4 N=500 bash benchmarks/gpu_ladder.sh start
 # (carry: wheelhouse .gpu-data .stage/mei), then `wait` calls as above. TS, N, RUNGS, BASELINE and EXTRA must be those
 # the archive ran with (refused otherwise); an archive split into FROM.part00, .part01, ... is joined.
+# MODEL=smollm2 runs the same ladder on real weights (SmolLM2-135M-Instruct in bf16: BLEU and ROUGE against the
+# references and the control decide quality). Its 98 MB GGUF file travels in two pieces (`bash
+# benchmarks/stage_smollm2.sh` here makes .stage/a and .stage/b), so three calls start it, back to back:
+#   1  bash benchmarks/gpu_ladder.sh stage          carry: wheelhouse .stage/mei   (installs into /tmp)
+#   2  bash benchmarks/gpu_ladder.sh stage          carry: .stage/a                (the first piece into /tmp/stage)
+#   3  MODEL=smollm2 TS=.. N=.. bash benchmarks/gpu_ladder.sh start    carry: .stage/b .gpu-data
+# then `MODEL=smollm2 bash benchmarks/gpu_ladder.sh wait` calls.
 # SMOKE=1 runs the same steps on the tiny model with this checkout's environment (the CPU check of the script).
 set -uo pipefail
 [ -n "${FROM:-}" ] && FROM=$(realpath -m "$FROM")  # relative to where the command was given
@@ -53,7 +60,13 @@ RUNGS=${RUNGS:-"[paged_kv,flash_attn,dynamic_batching,chunked_prefill,batched_de
 BASELINE=${BASELINE:-"engine.batch_size=64 engine.batch_timeout_ms=50"}
 DEADLINE_S=${DEADLINE_S:-570}  # seconds from this script's start by which everything is packed (a call: 600)
 STATE=${STATE:-/tmp/optladder-ladder}
-case "$MODE" in first|resume|start|wait) ;; *) echo "usage: $0 first|resume|start|wait"; exit 2 ;; esac
+case "$MODE" in first|resume|start|wait|stage) ;; *) echo "usage: $0 first|resume|start|wait|stage"; exit 2 ;; esac
+MODEL=${MODEL:-8b}
+case "$MODEL" in
+  8b) MODEL_ARGS=(model=llama3_8b_shape) ;;
+  smollm2) MODEL_ARGS=(model=smollm2_135m engine.dtype=bfloat16) ;;
+  *) echo "MODEL=$MODEL: one of 8b (llama3_8b_shape, random bf16 weights), smollm2 (SmolLM2-135M-Instruct in bf16)"; exit 2 ;;
+esac
 if [ "$MODE" = start ] && [ -f "$STATE/run.sh" ] && [ ! -f "$STATE/rc" ]; then
   echo "a detached ladder still runs in $STATE: '$0 wait' for it"; exit 2
 fi
@@ -77,12 +90,13 @@ fi
 mkdir -p "$OUT" "$STATE/logs"
 export PYTHONUNBUFFERED=1 OPTLADDER_DATA=${OPTLADDER_DATA:-$PWD/.gpu-data}
 set -f  # BASELINE and EXTRA are split into overrides, never expanded as file patterns ([a,b] is one)
-ARGS=(+ladder=gpu "ladder.rungs=$RUNGS" model=llama3_8b_shape workload=azure_conv workload.num_requests="$N"
+ARGS=(+ladder=gpu "ladder.rungs=$RUNGS" "${MODEL_ARGS[@]}" workload=azure_conv workload.num_requests="$N"
       workload.sampling=head workload.time_scale="$TS" engine.max_model_len=4096 engine.kv_cache_gb=60
       engine.max_num_seqs=256 $BASELINE replay.progress=false tracking.system_metrics=false
       "tracking.uri=sqlite:///$STATE/mlflow/mlflow.db" ${EXTRA:-})
 if [ -n "${SMOKE:-}" ]; then  # here, on the CPU: the same steps, small
-  ARGS=(+ladder=gpu "ladder.rungs=[paged_kv,dynamic_batching]" model=tiny workload=azure_conv
+  SMOKE_MODEL=model=tiny; [ "$MODEL" = smollm2 ] && SMOKE_MODEL=model=smollm2_135m  # float32 on the CPU
+  ARGS=(+ladder=gpu "ladder.rungs=[paged_kv,dynamic_batching]" $SMOKE_MODEL workload=azure_conv
         workload.num_requests=6 workload.sampling=head workload.time_scale=20 engine.max_model_len=1024
         engine.kv_cache_gb=0.05 engine.cpu_threads=1 quality.num_prompts=4 quality.max_new_tokens=8
         replay.progress=false tracking.system_metrics=false "tracking.uri=sqlite:///$STATE/mlflow/mlflow.db"
@@ -128,7 +142,8 @@ latest() {  # the newest run directory under $STATE that holds rungs (empty if n
 detached() {  # start: the whole ladder in its own process session, for LADDER_S at most; poll until WAIT_S
   local budget=${LADDER_S:-1560}
   { printf 'cd %q && timeout -s TERM -k 40 %q ' "$PWD" "$budget"
-    printf '%q ' env PYTHONPATH="${PYTHONPATH:-}" OPTLADDER_DATA="$OPTLADDER_DATA" PYTHONUNBUFFERED=1 \
+    printf '%q ' env PYTHONPATH="${PYTHONPATH:-}" OPTLADDER_DATA="$OPTLADDER_DATA" \
+      ${OPTLADDER_CACHE:+OPTLADDER_CACHE="$OPTLADDER_CACHE"} PYTHONUNBUFFERED=1 \
       $PY run.py "${ARGS[@]}" "$@" hydra.run.dir="$STATE/$name"
     printf '> %q 2>&1; echo $? > %q && mv %q %q\n' "$STATE/logs/$name.log" "$STATE/rc.tmp" "$STATE/rc.tmp" \
       "$STATE/rc"; } > "$STATE/run.sh"
@@ -152,6 +167,15 @@ poll() {  # until the detached ladder ends, or WAIT_S from this script's start (
 }
 
 install
+if [ "$MODE" = stage ]; then  # an earlier call on the same warm machine: install (above), then a GGUF piece
+  [ -f .stage/a/gguf.part0 ] && mkdir -p /tmp/stage && cp .stage/a/gguf.part0 /tmp/stage/ && ls -la /tmp/stage
+  exit 0
+fi
+if [ "$MODEL" = smollm2 ] && [ -z "${SMOKE:-}" ] && [ "$MODE" != wait ]; then
+  source benchmarks/gpu_smollm2.sh  # joins /tmp/stage/gguf.part0 and .stage/b/gguf.part1, checks the sha256
+  [ ${#SMOL[@]} -gt 0 ] || { echo "MODEL=smollm2 needs the GGUF pieces: see this script's header"; exit 2; }
+  export OPTLADDER_CACHE=/tmp/stage/cache  # converted once per machine
+fi
 if [ "$MODE" = start ]; then
   last=$(latest)
   if [ -n "${FROM:-}" ]; then
