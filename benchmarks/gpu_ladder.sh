@@ -16,7 +16,8 @@
 #   2  bash benchmarks/gpu_ladder.sh resume   carry: .gpu-data
 # If the machine went back between the calls: unpack call 1's ladder-first.tgz into .stage/ladder-state here and
 #   2' FROM=.stage/ladder-state bash benchmarks/gpu_ladder.sh resume   carry: wheelhouse .gpu-data .stage
-# Each call ends by exporting the MLflow runs so far (experiments/runs_transfer.py) and packing everything into
+# Each call ends by exporting the MLflow runs so far (experiments/runs_transfer.py) and packing the newest run
+# directory, the MLflow store (with its artifacts), the export and the logs into
 # $OUT/ladder-<mode>.tgz; here, after `tar xzf` of the last one, the runs join this tracking store with
 # `make import-runs FROM=<unpacked>/mlflow-export` (again after a later call: runs already there are skipped).
 # Settings (environment): TS, the trace's time scale (1 = its own timestamps; 2 = half its rate); N, the
@@ -132,12 +133,19 @@ ladder() {  # ladder NAME [overrides]: run.py until 90 s before DEADLINE_S, then
   tail -25 "$STATE/logs/$name.log"
 }
 
+runs() {  # the run directories under $STATE, oldest first (first, resume0, resume1, ..., resume10)
+  [ -d "$STATE/first" ] && echo "$STATE/first"
+  ls -d "$STATE"/resume*/ 2>/dev/null | sed 's:/$::' | awk -F'resume' '{print $NF "\t" $0}' | sort -n | cut -f2
+}
 latest() {  # the newest run directory under $STATE that holds rungs (empty if none)
   local d last=
-  for d in "$STATE"/first "$STATE"/resume*; do
-    [ -d "$d" ] && ls -d "$d"/rung* >/dev/null 2>&1 && last=$d
-  done
+  for d in $(runs); do ls -d "$d"/rung* >/dev/null 2>&1 && last=$d; done
   echo "$last"
+}
+next_resume() {  # the name of the next resume's run directory: one past the highest
+  local hi
+  hi=$(runs | sed -n 's:.*/resume\([0-9]*\)$:\1:p' | tail -1)
+  echo "resume$(( ${hi:--1} + 1 ))"
 }
 detached() {  # start: the whole ladder in its own process session, for LADDER_S at most; poll until WAIT_S
   local budget=${LADDER_S:-1560}
@@ -187,7 +195,7 @@ if [ "$MODE" = start ]; then
       echo "FROM=$FROM ran with other settings than this call (TS, N, RUNGS, BASELINE, EXTRA); '<' its, '>' this call's:"
       cat "$STATE/logs/settings.diff"; exit 2
     fi
-    name=resume$(ls -d "$STATE"/resume*/ 2>/dev/null | wc -l)
+    name=$(next_resume)
     detached ladder.resume_from="$last"
   else
     name=first
@@ -205,14 +213,27 @@ else
   # from the newest run directory that holds rungs: every rung that finished there is read back, not run again
   last=$(latest)
   [ -n "$last" ] || { echo "no earlier ladder with rungs under $STATE: run '$0 first' on this machine first"; exit 2; }
-  name=resume$(ls -d "$STATE"/resume*/ 2>/dev/null | wc -l)
+  name=$(next_resume)
   ladder "$name" ladder.resume_from="$last"
 fi
 $PY -m experiments.runs_transfer export --uri "sqlite:///$STATE/mlflow/mlflow.db" --out "$STATE/mlflow-export-new" \
   && rm -rf "$STATE/mlflow-export" && mv "$STATE/mlflow-export-new" "$STATE/mlflow-export"
 # what comes back is at most 8 files of at most 16 MiB: one archive (the run directories, the exported runs, the
-# logs; not the store's own copy of the artifacts), in 15 MiB pieces if larger, and this call's ladder report
-tar czf "$OUT/ladder-$MODE.tgz" -C "$STATE" --exclude=./mlflow/mlartifacts .
+# logs, the store), in 15 MiB pieces if larger, and this call's ladder report
+# the MLflow store travels whole (its artifacts too: a resumed ladder's export must still find the earlier runs'
+# files); an older run directory is left out once every rung that finished there is finished in the newest one
+# (a resume copies them there)
+keep=$(latest); EXCL=()
+for d in $(runs); do
+  [ "$d" = "$keep" ] && continue
+  all=1
+  for f in "$d"/rung*/summary.json; do
+    [ -f "$f" ] || continue
+    [ -f "$keep/$(basename "$(dirname "$f")")/summary.json" ] || all=0
+  done
+  [ -n "$keep" ] && [ "$all" = 1 ] && EXCL+=(--exclude="./$(basename "$d")")
+done
+tar czf "$OUT/ladder-$MODE.tgz" -C "$STATE" "${EXCL[@]}" --exclude=./mlflow-export-new .
 if [ "$(stat -c %s "$OUT/ladder-$MODE.tgz")" -gt $((15 << 20)) ]; then  # join here: cat ladder-*.tgz.part* | tar xz
   split -b 15M -d "$OUT/ladder-$MODE.tgz" "$OUT/ladder-$MODE.tgz.part" && rm "$OUT/ladder-$MODE.tgz"
 fi
