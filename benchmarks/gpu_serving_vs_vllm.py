@@ -213,8 +213,19 @@ def step_summary(steps: list[tuple[float, int, int]]) -> dict:
         out[name] = {"n": len(xs), "ms_p50": pct(ms, .5), "ms_p99": pct(ms, .99), "ms_max": max(ms, default=None),
                      "prompt_tokens_mean": statistics.fmean([x[1] for x in xs]) if xs else None,
                      "decode_tokens_mean": statistics.fmean([x[2] for x in xs]) if xs else None}
+    # mixed steps by their prompt tokens: where the eager launch cost (small) or the GEMMs (large) dominate
+    out["mixed_by_prompt_tokens"] = {}
+    for lo, hi in MIXED_BUCKETS:
+        xs = [x for x in kinds["mixed"] if lo <= x[1] <= hi]
+        ms = [x[0] * 1e3 for x in xs]
+        out["mixed_by_prompt_tokens"][f"{lo}-{hi if hi < 1 << 30 else ''}"] = {
+            "n": len(xs), "ms_p50": pct(ms, .5), "total_s": round(sum(ms) / 1e3, 3),
+            "decode_tokens_mean": statistics.fmean([x[2] for x in xs]) if xs else None}
     out["slowest"] = [[round(s * 1e3, 1), p, d] for s, p, d in sorted(steps, reverse=True)[:15]]
     return out
+
+
+MIXED_BUCKETS = ((1, 128), (129, 512), (513, 2048), (2049, 1 << 30))
 
 
 def _start_profiler():
