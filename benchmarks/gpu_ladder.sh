@@ -168,7 +168,7 @@ poll() {  # until the detached ladder ends, or WAIT_S from this script's start (
       sleep 3; echo "rung $STOP_AFTER judged: stopping the ladder (STOP_AFTER=$STOP_AFTER)"
       touch "$STATE/stop-sent"; pkill -TERM -f "run.py [+]ladder=gpu"
     fi
-    sleep 10
+    sleep "${POLL_S:-10}"
   done
   if [ -f "$STATE/rc" ]; then RC=$(cat "$STATE/rc"); else RC=124; echo "still running: call '$0 wait' at once"; fi
   tail -25 "$STATE/logs/$name.log"

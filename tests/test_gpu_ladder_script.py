@@ -1,0 +1,110 @@
+"""benchmarks/gpu_ladder.sh's state machine across machines, with run.py replaced by a stand-in that does what
+it does to the run directory (Hydra's overrides.yaml, rungs read back from `ladder.resume_from` and one more
+finished): a ladder resumed from the archive of an earlier call names its directory one past the highest,
+resumes from the newest, refuses other settings, and packs the MLflow store whole and only the run directories
+whose rungs are not all in the newest one."""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+FAKE = f"""#!{sys.executable}
+import os, shutil, sys
+from pathlib import Path
+args = sys.argv[1:]
+if args[:1] != ["run.py"]:  # pip, the version line, the runs' export: nothing to do
+    if "--out" in args:
+        Path(args[args.index("--out") + 1]).mkdir(parents=True, exist_ok=True)
+    sys.exit(0)
+over = args[1:]
+run_dir = Path(next(a.split("=", 1)[1] for a in over if a.startswith("hydra.run.dir=")))
+(run_dir / ".hydra").mkdir(parents=True, exist_ok=True)
+(run_dir / ".hydra" / "overrides.yaml").write_text(
+    "".join(f"- {{a}}\\n" for a in over if not a.startswith("hydra.")))
+store = Path(next(a for a in over if a.startswith("tracking.uri=")).split("sqlite:///", 1)[1])
+store.parent.mkdir(parents=True, exist_ok=True)
+store.touch()
+(store.parent / "mlartifacts").mkdir(exist_ok=True)
+(store.parent / "mlartifacts" / run_dir.name).write_text("artifacts")
+done = 0
+for a in over:
+    if a.startswith("ladder.resume_from="):
+        src = Path(a.split("=", 1)[1])
+        for r in sorted(src.glob("rung*-r0")):
+            if (r / "summary.json").is_file():
+                shutil.copytree(r, run_dir / r.name, dirs_exist_ok=True)
+                done += 1
+(run_dir / f"rung{{done}}-x-r0").mkdir()
+(run_dir / f"rung{{done}}-x-r0" / "summary.json").write_text("{{}}")
+(run_dir / f"rung{{done + 1}}-y-r0").mkdir()  # the rung in progress when the call ended
+"""
+
+
+@pytest.fixture
+def fake_py(tmp_path: Path) -> Path:
+    p = tmp_path / "fakepy"
+    p.write_text(FAKE)
+    p.chmod(0o755)
+    return p
+
+
+def call(tmp_path: Path, fake_py: Path, state: str, out: str, **env) -> subprocess.CompletedProcess:
+    e = {**os.environ, "SMOKE": "1", "PY": str(fake_py), "STATE": str(tmp_path / state),
+         "OUT": str(tmp_path / out), "DEADLINE_S": "200", "POLL_S": "0.2", **env}
+    return subprocess.run(["bash", str(ROOT / "benchmarks" / "gpu_ladder.sh"), "start"], env=e, cwd=tmp_path,
+                          capture_output=True, text=True, timeout=180)
+
+
+def members(tgz: Path) -> set[str]:
+    with tarfile.open(tgz) as t:
+        return {n.split("/")[1] for n in t.getnames() if n.count("/") >= 1 and n != "."}
+
+
+@pytest.mark.skipif(shutil.which("setsid") is None or shutil.which("pkill") is None, reason="needs setsid, pkill")
+def test_resumes_across_machines_and_packs_what_the_next_needs(tmp_path, fake_py):
+    r = call(tmp_path, fake_py, "m1", "o1")  # machine 1: a fresh ladder
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert members(tmp_path / "o1" / "ladder-start.tgz") >= {"first", "mlflow", "logs"}
+
+    # machine 2: resumes from machine 1's archive (a relative FROM, as a user gives it)
+    r = call(tmp_path, fake_py, "m2", "o2", FROM="o1/ladder-start.tgz")
+    assert r.returncode == 0, r.stdout + r.stderr
+    args = (tmp_path / "m2" / "resume0" / ".hydra" / "overrides.yaml").read_text()
+    assert f"ladder.resume_from={tmp_path / 'm2' / 'first'}" in args
+    got = members(tmp_path / "o2" / "ladder-start.tgz")
+    # every finished rung of first/ is in resume0/ now: first/ stays home; the store travels with its artifacts
+    assert "resume0" in got and "first" not in got
+    with tarfile.open(tmp_path / "o2" / "ladder-start.tgz") as t:
+        names = t.getnames()
+    assert "./mlflow/mlartifacts/first" in names and "./mlflow/mlartifacts/resume0" in names
+
+    # machine 3: resumes from resume0 (the newest), into resume1
+    r = call(tmp_path, fake_py, "m3", "o3", FROM="o2/ladder-start.tgz")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert (tmp_path / "m3" / "resume1" / "rung2-x-r0" / "summary.json").is_file()
+    assert "ladder.resume_from=" + str(tmp_path / "m3" / "resume0") in \
+        (tmp_path / "m3" / "resume1" / ".hydra" / "overrides.yaml").read_text()
+    assert members(tmp_path / "o3" / "ladder-start.tgz") >= {"resume1", "mlflow"}
+    assert "resume0" not in members(tmp_path / "o3" / "ladder-start.tgz")
+
+    # machine 4: the archive holds resume1 alone; the next directory is resume2, not a second resume1
+    r = call(tmp_path, fake_py, "m4", "o4", FROM="o3/ladder-start.tgz")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert (tmp_path / "m4" / "resume2" / "rung3-x-r0" / "summary.json").is_file()
+
+
+@pytest.mark.skipif(shutil.which("setsid") is None, reason="needs setsid")
+def test_a_resume_under_other_settings_is_refused_before_anything_runs(tmp_path, fake_py):
+    assert call(tmp_path, fake_py, "m1", "o1").returncode == 0
+    r = call(tmp_path, fake_py, "m2", "o2", FROM="o1/ladder-start.tgz", EXTRA="seed=3")
+    assert r.returncode == 2
+    assert "other settings" in r.stdout and "> seed=3" in r.stdout
+    assert not (tmp_path / "m2" / "resume0").exists()
