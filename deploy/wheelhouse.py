@@ -3,6 +3,12 @@ needs on a GPU host that reaches no registry, less what the GPU image brings; ru
 
     python deploy/wheelhouse.py --out wheelhouse [--python 3.12] [--platform manylinux_2_28_x86_64]
                                 [--extras ray,slurm,postgres] [--no-vllm-serve] [--carry NAME] [--chunk-mib 56]
+    python deploy/wheelhouse.py --out .vllm-serve-wheels --only-vllm-serve   # `vllm serve`'s part alone
+
+--only-vllm-serve: only what `vllm serve` needs beyond the offline vLLM bundle and the image (vllm_serve.txt and
+its closure, less the bundle's own wheels, vllm_bundle.txt, as well as the image's), installed beside the bundle
+(`install.py --from DIR --target /tmp/site --stage-dir /tmp/serve-stage`), so the vLLM server runs from the bundle's
+folder alone while the project's own wheelhouse, built with --no-vllm-serve, goes into a folder of its own.
 
 1. pip resolves the whole closure for the target interpreter and platform (`--dry-run --report`, wheels only);
    a requirement with no wheel at all is downloaded as an sdist and built here (pure-Python only: a platform
@@ -175,6 +181,20 @@ def pack(files: list[Path], out: Path, cap_mib: float) -> list[str]:
     return lines
 
 
+def selection(extras: list[str], no_serve: bool, only_serve: bool, carry: list[str]
+              ) -> tuple[list[str], list[tuple[str, str | None]]]:
+    """What to collect and what to skip: the project (its extras) and `vllm serve`'s part, less the image; with
+    only_serve, `vllm serve`'s part alone, less the image and the vLLM bundle it is installed beside."""
+    if only_serve and no_serve:
+        raise SystemExit("error: --only-vllm-serve and --no-vllm-serve leave nothing to collect")
+    serve = [] if no_serve else read_list(HERE / "vllm_serve.txt")
+    reqs = serve if only_serve else project_requirements(extras) + serve
+    skips = image_skips(read_list(HERE / "gpu_image.txt"), carry)
+    if only_serve:  # the bundle's own wheels are installed beside these (same folder) already
+        skips += image_skips(read_list(HERE / "vllm_bundle.txt"), carry)
+    return reqs, skips
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", type=Path, default=ROOT / "wheelhouse")
@@ -182,12 +202,13 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--platform", default="manylinux_2_28_x86_64", help="target platform tag")
     ap.add_argument("--extras", default="ray,slurm,postgres", help="the project's extras to carry (comma list)")
     ap.add_argument("--no-vllm-serve", action="store_true", help="leave out what `vllm serve` needs")
+    ap.add_argument("--only-vllm-serve", action="store_true",
+                    help="only what `vllm serve` needs beyond the vLLM bundle and the image (no project wheels)")
     ap.add_argument("--carry", action="append", default=[], help="carry this package even if the image has it")
     ap.add_argument("--chunk-mib", type=float, default=56.0, help="the most one chunk folder may hold")
     a = ap.parse_args(argv)
     extras = [e for e in a.extras.split(",") if e]
-    reqs = project_requirements(extras) + ([] if a.no_vllm_serve else read_list(HERE / "vllm_serve.txt"))
-    skips = image_skips(read_list(HERE / "gpu_image.txt"), a.carry)
+    reqs, skips = selection(extras, a.no_vllm_serve, a.only_vllm_serve, a.carry)
     plat = platform_args(a.python, a.platform)
     if a.out.exists():
         shutil.rmtree(a.out)
@@ -212,15 +233,19 @@ def main(argv: list[str] | None = None) -> None:
     shutil.rmtree(wheels)
     (a.out / "manifest.tsv").write_text("\n".join(lines) + "\n")
     (a.out / "requirements.txt").write_text("".join(f"{n}=={v}\n" for n, v, _ in carried))
-    (a.out / "skipped.txt").write_text("# on the GPU image (deploy/gpu_image.txt): name, the version pip chose "
-                                       "here, the image's version where known\n" + "".join(
+    (a.out / "skipped.txt").write_text("# on the GPU image (deploy/gpu_image.txt)"
+                                       + (" or in the vLLM bundle (deploy/vllm_bundle.txt)" if a.only_vllm_serve
+                                          else "")
+                                       + ": name, the version pip chose here, the image's (bundle's) version "
+                                       "where known\n" + "".join(
                                            f"{n}\t{v}\t{iv or '?'}\n" for n, v, iv in sorted(skipped)))
     shutil.copy(HERE / "install.py", a.out / "install.py")
     total = sum(f.stat().st_size for f in a.out.glob("c*/*"))
     chunks = sorted(a.out.glob("c[0-9]*"), key=lambda c: int(c.name[1:]))
     print(f"wheelhouse: {len(carried)} wheels, {total / MIB:.1f} MiB in {len(chunks)} chunk(s) of <= "
           f"{a.chunk_mib:g} MiB ({', '.join(c.name for c in chunks)}); skipped {len(skipped)} the image brings "
-          f"(skipped.txt). On the GPU host: python3 install.py --target DIR (or --venv DIR)")
+          f"{' or the vLLM bundle' if a.only_vllm_serve else ''} (skipped.txt). On the GPU host: "
+          f"python3 install.py --target DIR (or --venv DIR)")
 
 
 if __name__ == "__main__":

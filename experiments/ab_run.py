@@ -90,6 +90,17 @@ def check_rung_engines(cfgs: list[DictConfig]) -> None:
                 validate_engine(engine, resolve_device(engine.device).type)
 
 
+def free_device_memory() -> None:
+    """What a finished (or failed) engine left cached on the GPU goes back to it, for the next engine."""
+    import gc
+
+    import torch
+
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
 def run_arms(arms: list[Arm], repeats: int, out_dir: Path, parent_run_id: str | None) -> None:
     """Run the arms `repeats` times, the opening arm alternating (AB BA AB ...), so neither always runs first
     in a fresh process nor always later in a drifting machine; quality (greedy) is scored on the first."""
@@ -100,6 +111,9 @@ def run_arms(arms: list[Arm], repeats: int, out_dir: Path, parent_run_id: str | 
                                  run_name=f"{arm.name} (repeat {r})", parent_run_id=parent_run_id, tags=tags,
                                  with_quality=(r == 0), prepared=arm.prepared)
             arm.runs.append(res)
+            # the arm's engine is closed: its cached device memory goes back to the GPU, so that an engine of
+            # another process (engine=vllm's server, which checks free memory at start) gets it
+            free_device_memory()
 
 
 def arm_result(arm: Arm) -> ArmResult:

@@ -12,23 +12,13 @@ from omegaconf import DictConfig, OmegaConf
 
 from abtest.ladder import keeps, ladder_chart, ladder_table, rung_opts
 from abtest.verdict import ArmResult, Verdict, verdict_table
-from experiments.ab_run import (Arm, base_overrides, check_rung_engines, compose_arm, gate_config, gate_pair,
-                                prepare_arms, run_arms)
+from experiments.ab_run import (Arm, base_overrides, check_rung_engines, compose_arm, free_device_memory, gate_config,
+                                gate_pair, prepare_arms, run_arms)
 from experiments.load_curves import write_load_curves
 from experiments.resume import resume_rung
 from experiments.tracking import Tracker
 from quality.prompts import prompts_digest
 from traffic.request import requests_digest
-
-
-def free_device_memory() -> None:
-    import gc
-
-    import torch
-
-    gc.collect()
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()
 
 
 RunRung = Callable[[str, list[str]], Arm]  # (arm name, opts on) -> the arm, its runs done

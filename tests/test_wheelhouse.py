@@ -8,7 +8,9 @@ import sys
 import zipfile
 from pathlib import Path
 
-from deploy.wheelhouse import image_skips, pack, platform_args, skipped_by
+import pytest
+
+from deploy.wheelhouse import image_skips, pack, platform_args, selection, skipped_by
 
 ROOT = Path(__file__).resolve().parents[1]
 INSTALL = ROOT / "deploy" / "install.py"
@@ -96,3 +98,16 @@ def test_the_image_skip_list_and_target_platform():
     assert skipped_by("numpy", skips) is None  # --carry wins over the image
     args = platform_args("3.12", "manylinux_2_28_x86_64")
     assert args[args.index("--python-version") + 1] == "3.12" and "manylinux2014_x86_64" in args
+
+
+def test_the_vllm_serve_part_alone_skips_the_bundle_and_the_project():
+    reqs, skips = selection([], no_serve=False, only_serve=True, carry=[])
+    assert "uvicorn" in reqs and not any(r.startswith(("hydra-core", "mlflow")) for r in reqs)
+    assert skipped_by("pydantic", skips) is not None  # the bundle brings it
+    assert skipped_by("torch", skips) is not None  # the image brings it
+    full, full_skips = selection([], no_serve=False, only_serve=False, carry=[])
+    assert "uvicorn" in full and any(r.startswith("hydra-core") for r in full)
+    assert skipped_by("pydantic", full_skips) is None  # the project's wheelhouse carries its own
+    assert "uvicorn" not in selection([], no_serve=True, only_serve=False, carry=[])[0]
+    with pytest.raises(SystemExit, match="nothing to collect"):
+        selection([], no_serve=True, only_serve=True, carry=[])
