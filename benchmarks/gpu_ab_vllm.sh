@@ -24,7 +24,7 @@
 #   python deploy/wheelhouse.py --out wheelhouse --extras '' --no-vllm-serve     # 66 wheels, 34.5 MiB: c1
 #   mkdir -p .gpu-data && cp -r ../shared/data/traces ../shared/data/prompts .gpu-data/   # 3.3 MiB
 #   pip download --no-deps -d .stage/mei mlflow-export-import==1.2.0   # the runs' way home (0.1 MiB)
-#   bash benchmarks/gpu_ab_vllm.sh check   # both arms composed as run.py will, vLLM's command printed (CPU, 10 s)
+#   PY=.venv/bin/python bash benchmarks/gpu_ab_vllm.sh check   # both arms composed as run.py will, vLLM's command printed (CPU, 10 s)
 # Device calls (kind nvidia-h200), back to back (/tmp survives only while the machine stays warm, ~30 s idle);
 # each carries at most 64 MiB with the working tree (tracked files: 4.7 MiB once the 10 MiB
 # benchmarks/results/gpu_ladder_h200/ts4_500/ladder-state.tgz is out of the tree; 14.8 MiB with it):
@@ -67,6 +67,7 @@ STATE=${STATE:-/tmp/optladder-ab-vllm}
 # vLLM checks at its start that free GPU memory >= gpu_memory_utilization x total (0.9: 127 GB), even though with
 # --kv-cache-memory-bytes (engine.kv_cache_gb) nothing else reads it; in the teacher-forced phase the reference
 # engine (16 GB of weights + 16 GiB of KV) is loaded beside it: 0.5 (70 GB) passes there, and in the replay
+# (run.py holds nothing on the GPU then: run_arms frees what the control's engine left)
 VLLM_GMU=${VLLM_GMU:-0.5}
 VSITE=${VSITE:-/tmp/site}             # vLLM + the serve wheels: the vLLM server's PYTHONPATH
 OSITE=${OSITE:-/tmp/site-optladder}   # the project's wheelhouse: run.py's PYTHONPATH
@@ -214,7 +215,7 @@ detached() {
   local envs=(PYTHONPATH="$OSITE")
   [ -n "${SMOKE:-}" ] && envs=()  # here: this checkout's environment
   { printf 'cd %q && timeout -s TERM -k 40 %q ' "$PWD" "${AB_S:-1500}"
-    printf '%q ' env "${envs[@]}" OPTLADDER_DATA="$OPTLADDER_DATA" OPTLADDER_CACHE="$OPTLADDER_CACHE" \
+    printf '%q ' env ${envs[@]+"${envs[@]}"} OPTLADDER_DATA="$OPTLADDER_DATA" OPTLADDER_CACHE="$OPTLADDER_CACHE" \
       PYTHONUNBUFFERED=1 $PY run.py "${ARGS[@]}" hydra.run.dir="$STATE/run"
     printf '> %q 2>&1; echo $? > %q && mv %q %q\n' "$STATE/logs/run.log" "$STATE/rc.tmp" "$STATE/rc.tmp" \
       "$STATE/rc"; } > "$STATE/run.sh"

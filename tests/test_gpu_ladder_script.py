@@ -31,19 +31,22 @@ run_dir = Path(next(a.split("=", 1)[1] for a in over if a.startswith("hydra.run.
     "".join(f"- {{a}}\\n" for a in over if not a.startswith("hydra.")))
 store = Path(next(a for a in over if a.startswith("tracking.uri=")).split("sqlite:///", 1)[1])
 store.parent.mkdir(parents=True, exist_ok=True)
-store.touch()
+with open(store, "a") as f:  # the store remembers every run that wrote to it
+    f.write(run_dir.name + "\\n")
 (store.parent / "mlartifacts").mkdir(exist_ok=True)
 (store.parent / "mlartifacts" / run_dir.name).write_text("artifacts")
+partial = os.environ.get("FAKE_PARTIAL")  # cut short: one rung read back, none finished
 done = 0
 for a in over:
     if a.startswith("ladder.resume_from="):
         src = Path(a.split("=", 1)[1])
         for r in sorted(src.glob("rung*-r0")):
-            if (r / "summary.json").is_file():
+            if (r / "summary.json").is_file() and not (partial and done):
                 shutil.copytree(r, run_dir / r.name, dirs_exist_ok=True)
                 done += 1
-(run_dir / f"rung{{done}}-x-r0").mkdir()
-(run_dir / f"rung{{done}}-x-r0" / "summary.json").write_text("{{}}")
+if not partial:
+    (run_dir / f"rung{{done}}-x-r0").mkdir()
+    (run_dir / f"rung{{done}}-x-r0" / "summary.json").write_text("{{}}")
 (run_dir / f"rung{{done + 1}}-y-r0").mkdir()  # the rung in progress when the call ended
 """
 
@@ -56,10 +59,16 @@ def fake_py(tmp_path: Path) -> Path:
     return p
 
 
-def call(tmp_path: Path, fake_py: Path, state: str, out: str, **env) -> subprocess.CompletedProcess:
-    e = {**os.environ, "SMOKE": "1", "PY": str(fake_py), "STATE": str(tmp_path / state),
+SETTINGS = ("FROM", "TS", "N", "RUNGS", "BASELINE", "EXTRA", "MODEL", "STOP_AFTER", "WAIT_S", "LADDER_S", "STATE",
+            "OUT", "PY", "DEADLINE_S", "SMOKE")
+
+
+def call(tmp_path: Path, fake_py: Path, state: str, out: str, mode: str = "start", **env
+         ) -> subprocess.CompletedProcess:
+    clean = {k: v for k, v in os.environ.items() if k not in SETTINGS}  # the caller's shell decides nothing here
+    e = {**clean, "SMOKE": "1", "PY": str(fake_py), "STATE": str(tmp_path / state),
          "OUT": str(tmp_path / out), "DEADLINE_S": "200", "POLL_S": "0.2", **env}
-    return subprocess.run(["bash", str(ROOT / "benchmarks" / "gpu_ladder.sh"), "start"], env=e, cwd=tmp_path,
+    return subprocess.run(["bash", str(ROOT / "benchmarks" / "gpu_ladder.sh"), mode], env=e, cwd=tmp_path,
                           capture_output=True, text=True, timeout=180)
 
 
@@ -68,7 +77,7 @@ def members(tgz: Path) -> set[str]:
         return {n.split("/")[1] for n in t.getnames() if n.count("/") >= 1 and n != "."}
 
 
-@pytest.mark.skipif(shutil.which("setsid") is None or shutil.which("pkill") is None, reason="needs setsid, pkill")
+@pytest.mark.skipif(shutil.which("setsid") is None, reason="needs setsid")
 def test_resumes_across_machines_and_packs_what_the_next_needs(tmp_path, fake_py):
     r = call(tmp_path, fake_py, "m1", "o1")  # machine 1: a fresh ladder
     assert r.returncode == 0, r.stdout + r.stderr
@@ -99,6 +108,26 @@ def test_resumes_across_machines_and_packs_what_the_next_needs(tmp_path, fake_py
     r = call(tmp_path, fake_py, "m4", "o4", FROM="o3/ladder-start.tgz")
     assert r.returncode == 0, r.stdout + r.stderr
     assert (tmp_path / "m4" / "resume2" / "rung3-x-r0" / "summary.json").is_file()
+
+    # machine 5: a resume cut short before it finished a rung of its own or read every one back: the directory
+    # it resumed from still holds rungs the new one lacks, so both travel
+    r = call(tmp_path, fake_py, "m5", "o5", FROM="o4/ladder-start.tgz", FAKE_PARTIAL="1")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert members(tmp_path / "o5" / "ladder-start.tgz") >= {"resume2", "resume3"}
+
+
+@pytest.mark.skipif(shutil.which("setsid") is None, reason="needs setsid")
+def test_a_second_resume_on_the_same_machine_goes_on_from_its_own_state(tmp_path, fake_py):
+    assert call(tmp_path, fake_py, "m1", "o1").returncode == 0
+    assert call(tmp_path, fake_py, "m2", "o2", FROM="o1/ladder-start.tgz").returncode == 0  # resume0 alone
+    for _ in range(2):  # the same command twice on one machine, as after a call cut at its deadline
+        r = call(tmp_path, fake_py, "m3", "o3", mode="resume", FROM="o2/ladder-start.tgz")
+        assert r.returncode == 0, r.stdout + r.stderr
+    # the archive was unpacked once: the store kept the first resume's run, the second went on from resume1
+    assert (tmp_path / "m3" / "mlflow" / "mlflow.db").read_text().split() == ["first", "resume0", "resume1",
+                                                                                "resume2"]
+    assert f"ladder.resume_from={tmp_path / 'm3' / 'resume1'}" in \
+        (tmp_path / "m3" / "resume2" / ".hydra" / "overrides.yaml").read_text()
 
 
 @pytest.mark.skipif(shutil.which("setsid") is None, reason="needs setsid")
