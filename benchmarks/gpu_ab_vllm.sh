@@ -55,6 +55,7 @@
 # CPU check of the detached run and the packing; the candidate needs .venv-vllm here, else it fails at its start).
 set -uo pipefail
 cd "$(dirname "$0")/.."
+source benchmarks/gpu_detached.sh  # detach, wait_rc, split_archive
 OUT=${OUT:-$PWD/gpu_out}
 MODE=${1:-start}
 PY=${PY:-python3}
@@ -214,19 +215,16 @@ PY
 detached() {
   local envs=(PYTHONPATH="$OSITE")
   [ -n "${SMOKE:-}" ] && envs=()  # here: this checkout's environment
-  { printf 'cd %q && timeout -s TERM -k 40 %q ' "$PWD" "${AB_S:-1500}"
-    printf '%q ' env ${envs[@]+"${envs[@]}"} OPTLADDER_DATA="$OPTLADDER_DATA" OPTLADDER_CACHE="$OPTLADDER_CACHE" \
-      PYTHONUNBUFFERED=1 $PY run.py "${ARGS[@]}" hydra.run.dir="$STATE/run"
-    printf '> %q 2>&1; echo $? > %q && mv %q %q\n' "$STATE/logs/run.log" "$STATE/rc.tmp" "$STATE/rc.tmp" \
-      "$STATE/rc"; } > "$STATE/run.sh"
-  setsid bash "$STATE/run.sh" < /dev/null > /dev/null 2>&1 &
+  detach "$STATE" "$STATE/logs/run.log" timeout -s TERM -k 40 "${AB_S:-1500}" env ${envs[@]+"${envs[@]}"} \
+    OPTLADDER_DATA="$OPTLADDER_DATA" OPTLADDER_CACHE="$OPTLADDER_CACHE" PYTHONUNBUFFERED=1 \
+    $PY run.py "${ARGS[@]}" hydra.run.dir="$STATE/run"
   log "the A/B runs detached (at most ${AB_S:-1500}s): $STATE/run.sh"
 }
 
 RC=0
 poll() {  # until the detached A/B ends, or WAIT_S from this script's start; RC 124 while it still runs
-  while [ ! -f "$STATE/rc" ] && [ $SECONDS -lt "$WAIT_S" ]; do sleep 10; done
-  if [ -f "$STATE/rc" ]; then RC=$(cat "$STATE/rc"); else RC=124; log "still running: call '$0 wait' at once"; fi
+  if wait_rc "$STATE" "$WAIT_S"; then RC=$(cat "$STATE/rc")
+  else RC=124; log "still running: call '$0 wait' at once"; fi
   tail -30 "$STATE/logs/run.log" 2>/dev/null
 }
 
@@ -242,9 +240,7 @@ pack() {  # the runs exported, the state packed into $OUT (at most 8 files of at
   mkdir -p "$STATE/vllm-logs" && cp /tmp/optladder-vllm-*/vllm-*.log "$STATE/vllm-logs/" 2>/dev/null
   rm -f "$OUT"/ab-vllm-*.tgz*
   tar czf "$OUT/ab-vllm-$MODE.tgz" -C "$STATE" --exclude=./cache --exclude=./mlflow-export-new .
-  if [ "$(stat -c %s "$OUT/ab-vllm-$MODE.tgz")" -gt $((15 << 20)) ]; then  # here: cat ab-vllm-*.tgz.part* | tar xz
-    split -b 15M -d "$OUT/ab-vllm-$MODE.tgz" "$OUT/ab-vllm-$MODE.tgz.part" && rm "$OUT/ab-vllm-$MODE.tgz"
-  fi
+  split_archive "$OUT/ab-vllm-$MODE.tgz"  # here: cat ab-vllm-*.tgz.part* | tar xz
   for f in verdict.json; do [ -f "$STATE/run/$f" ] && cp "$STATE/run/$f" "$OUT/"; done
   cp "$STATE/logs/run.log" "$OUT/" 2>/dev/null
   ls -la "$OUT"

@@ -54,6 +54,7 @@
 set -uo pipefail
 [ -n "${FROM:-}" ] && FROM=$(realpath -m "$FROM")  # relative to where the command was given
 cd "$(dirname "$0")/.."
+source benchmarks/gpu_detached.sh  # detach, wait_rc, split_archive
 OUT=${OUT:-$PWD/gpu_out}
 MODE=${1:-first}
 PY=${PY:-python3}
@@ -152,29 +153,24 @@ next_resume() {  # the name of the next resume's run directory: one past the hig
 }
 detached() {  # start: the whole ladder in its own process session, for LADDER_S at most; poll until WAIT_S
   local budget=${LADDER_S:-1560}
-  { printf 'cd %q && timeout -s TERM -k 40 %q ' "$PWD" "$budget"
-    printf '%q ' env PYTHONPATH="${PYTHONPATH:-}" OPTLADDER_DATA="$OPTLADDER_DATA" \
-      ${OPTLADDER_CACHE:+OPTLADDER_CACHE="$OPTLADDER_CACHE"} PYTHONUNBUFFERED=1 \
-      $PY run.py "${ARGS[@]}" "$@" hydra.run.dir="$STATE/$name"
-    printf '> %q 2>&1; echo $? > %q && mv %q %q\n' "$STATE/logs/$name.log" "$STATE/rc.tmp" "$STATE/rc.tmp" \
-      "$STATE/rc"; } > "$STATE/run.sh"
+  detach "$STATE" "$STATE/logs/$name.log" timeout -s TERM -k 40 "$budget" env PYTHONPATH="${PYTHONPATH:-}" \
+    OPTLADDER_DATA="$OPTLADDER_DATA" ${OPTLADDER_CACHE:+OPTLADDER_CACHE="$OPTLADDER_CACHE"} PYTHONUNBUFFERED=1 \
+    $PY run.py "${ARGS[@]}" "$@" hydra.run.dir="$STATE/$name"
   echo "$name" > "$STATE/detached-name"
-  setsid bash "$STATE/run.sh" < /dev/null > /dev/null 2>&1 &
   echo "the ladder runs detached (at most ${budget}s): $STATE/run.sh"
 }
+stop_after() {  # STOP_AFTER=K: end the ladder once rung K is judged (the next session resumes from there)
+  if [ -n "${STOP_AFTER:-}" ] && grep -q "^rung $STOP_AFTER (" "$STATE/logs/$name.log" 2>/dev/null \
+      && [ ! -f "$STATE/stop-sent" ]; then
+    sleep 3; echo "rung $STOP_AFTER judged: stopping the ladder (STOP_AFTER=$STOP_AFTER)"
+    # run.py itself (not its `timeout` wrapper, which would pass a second TERM on), this ladder's only
+    touch "$STATE/stop-sent"; pkill -TERM -f "^[^ ]*python[^ ]* run.py [+]ladder=gpu .*hydra.run.dir=$STATE/"
+  fi
+}
 poll() {  # until the detached ladder ends, or WAIT_S from this script's start (packing needs what is left of
-  local until=${WAIT_S:-$((DEADLINE_S - 90))}  # DEADLINE_S); RC 124 while it still runs
-  while [ ! -f "$STATE/rc" ] && [ $SECONDS -lt $until ]; do
-    # STOP_AFTER=K: end the ladder once rung K is judged (the next session resumes from there)
-    if [ -n "${STOP_AFTER:-}" ] && grep -q "^rung $STOP_AFTER (" "$STATE/logs/$name.log" 2>/dev/null \
-        && [ ! -f "$STATE/stop-sent" ]; then
-      sleep 3; echo "rung $STOP_AFTER judged: stopping the ladder (STOP_AFTER=$STOP_AFTER)"
-      # run.py itself (not its `timeout` wrapper, which would pass a second TERM on), this ladder's only
-      touch "$STATE/stop-sent"; pkill -TERM -f "^[^ ]*python[^ ]* run.py [+]ladder=gpu .*hydra.run.dir=$STATE/"
-    fi
-    sleep "${POLL_S:-10}"
-  done
-  if [ -f "$STATE/rc" ]; then RC=$(cat "$STATE/rc"); else RC=124; echo "still running: call '$0 wait' at once"; fi
+  # DEADLINE_S); RC 124 while it still runs
+  if wait_rc "$STATE" "${WAIT_S:-$((DEADLINE_S - 90))}" stop_after; then RC=$(cat "$STATE/rc")
+  else RC=124; echo "still running: call '$0 wait' at once"; fi
   tail -25 "$STATE/logs/$name.log"
 }
 
@@ -240,9 +236,7 @@ for d in $(runs); do
   [ -n "$keep" ] && [ "$all" = 1 ] && EXCL+=(--exclude="./$(basename "$d")")
 done
 tar czf "$OUT/ladder-$MODE.tgz" -C "$STATE" ${EXCL[@]+"${EXCL[@]}"} --exclude=./mlflow-export-new .
-if [ "$(stat -c %s "$OUT/ladder-$MODE.tgz")" -gt $((15 << 20)) ]; then  # join here: cat ladder-*.tgz.part* | tar xz
-  split -b 15M -d "$OUT/ladder-$MODE.tgz" "$OUT/ladder-$MODE.tgz.part" && rm "$OUT/ladder-$MODE.tgz"
-fi
+split_archive "$OUT/ladder-$MODE.tgz"  # join here: cat ladder-*.tgz.part* | tar xz
 for f in ladder.md ladder.json ladder.png; do [ -f "$STATE/$name/$f" ] && cp "$STATE/$name/$f" "$OUT/"; done
 ls -la "$OUT"
 exit "$RC"

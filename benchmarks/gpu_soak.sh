@@ -10,6 +10,7 @@
 # outlives the call that started it, until the machine goes back (~30 s idle), so `collect` must follow at once.
 set -uo pipefail
 cd "$(dirname "$0")/.."
+source benchmarks/gpu_detached.sh  # detach, wait_rc
 OUT=${OUT:-$PWD/gpu_out}
 mkdir -p "$OUT/soak"
 export PYTHONUNBUFFERED=1
@@ -19,12 +20,8 @@ case "${1:-}" in
     shift
     rm -rf "$SOAK" && mkdir -p "$SOAK"
     nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv | tee "$SOAK/nvidia_smi.txt"
-    { printf '%q ' python3 benchmarks/gpu_soak.py --out "$SOAK" --minutes "${MINUTES:-10}" "$@"
-      printf '> %q 2>&1; echo $? > %q && mv %q %q\n' "$SOAK/log.txt" "$SOAK/rc.tmp" "$SOAK/rc.tmp" "$SOAK/rc"
-    } > "$SOAK/run.sh"
-    setsid bash "$SOAK/run.sh" < /dev/null > /dev/null 2>&1 &
-    end=$((SECONDS + ${WAIT_S:-560}))
-    while [ $SECONDS -lt $end ] && [ ! -f $SOAK/rc ]; do sleep 20; done
+    detach "$SOAK" "$SOAK/log.txt" python3 benchmarks/gpu_soak.py --out "$SOAK" --minutes "${MINUTES:-10}" "$@"
+    POLL_S=20 wait_rc "$SOAK" $((SECONDS + ${WAIT_S:-560}))
     tail -5 $SOAK/log.txt
     ;;
   collect)
