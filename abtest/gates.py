@@ -11,6 +11,8 @@ import re
 from dataclasses import dataclass, field, fields
 from typing import Any, Optional
 
+from abtest.environment import check_mode
+
 
 def _metric_names() -> frozenset[str]:
     names = {f"perf/{m}_ms_{s}" for m in ("ttft", "tpot", "itl", "e2e")
@@ -95,6 +97,10 @@ class GateConfig:
         sweep on the same kind of machine measured it (abtest/aa_summary.py prints it). A latency interval
         needs run-to-run noise: one run pair cannot show it, so without a prior here it needs ab.repeats >= 2.
     run_noise_weight: how many run pairs' worth the prior counts for, pooled with the pairs' own spread.
+    environment_check: latency (default): when the arms' runs were measured on different machines, software or
+        code (abtest/environment.py: host, CPU, GPU, driver, versions, git commit), the latency gates (which
+        compare the arms) report instead of deciding and the verdict is at best inconclusive (a ladder resumed
+        on another machine); report: they decide, the difference is reported; off: not compared.
     kl_max_mean, kl_max_p99, top1_agree_min, ppl_max_rel_increase: the teacher-forced gates of a lossy
         candidate (abtest/teacher_forced.py), each on its bootstrap interval over prompts; null: not gated.
         The defaults are calibrated on SmolLM2 (README): float32 -> bfloat16 passes, a damaged model fails.
@@ -105,6 +111,7 @@ class GateConfig:
     quality_margins_rel: dict[str, float] = field(default_factory=_default_quality_margins)
     min_exact_match_lossless: float = 0.99
     lossless_check: str = "auto"
+    environment_check: str = "latency"
     control_agreement_min: dict[str, float] = field(default_factory=_default_agreement)
     latency_gains: dict[str, float] = field(default_factory=dict)
     latency_max_regression: dict[str, float] = field(default_factory=lambda: {"perf/e2e_ms_p99": 0.10})
@@ -152,6 +159,7 @@ class GateConfig:
         if self.lossless_check not in LOSSLESS_CHECKS:
             raise ValueError(f"gate.lossless_check={self.lossless_check!r} is not one of "
                              f"{', '.join(LOSSLESS_CHECKS)}")
+        check_mode(self.environment_check)
         for name, floor in self.control_agreement_min.items():
             if not validate_metric(name).endswith("_vs_control") or name.endswith("exact_match_vs_control"):
                 raise ValueError(f"gate.control_agreement_min: {name!r} is not an agreement score; valid: "

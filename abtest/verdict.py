@@ -15,6 +15,7 @@ from typing import Any, Literal
 
 import numpy as np
 
+from abtest.environment import across_runs, describe
 from abtest.gates import PAIRED_LATENCY, GateConfig, higher_is_better
 from abtest.run_pairs import align_runs, pair_interval
 from abtest.stats import Interval, bootstrap_mean_delta
@@ -33,7 +34,8 @@ _QUANTILES = {"mean": None, "p50": 0.50, "p90": 0.90, "p99": 0.99}
 class ArmResult:
     """One arm's measurements. quality_per_prompt: metric -> per-prompt scores in prompt order.
     runs: the records of each repeat, run j of both arms being pair j; empty means one run, `records`.
-    teacher_forced: a lossy candidate's teacher-forced comparison with the control, per prompt."""
+    teacher_forced: a lossy candidate's teacher-forced comparison with the control, per prompt.
+    environments: each run's `environment` from its config snapshot (machine, versions, code); empty: unknown."""
 
     name: str
     metrics: dict[str, float]
@@ -44,6 +46,7 @@ class ArmResult:
     prompts_digest: str
     runs: list[list[RequestRecord]] = field(default_factory=list)
     teacher_forced: TeacherForcedScores | None = None
+    environments: list[dict[str, Any]] = field(default_factory=list)
 
     def all_runs(self) -> list[list[RequestRecord]]:
         return self.runs or [self.records]
@@ -256,6 +259,29 @@ def _reported(results: list[GateResult], why: str, unless_failed: bool = False) 
     return results
 
 
+MEASURED_ON_MACHINE = ("latency_gain", "latency_max_regression")  # relative: a ceiling holds on any machine
+
+
+def _environment_gate(control: ArmResult, candidate: ArmResult, mode: str,
+                      results: list[GateResult]) -> list[GateResult]:
+    """gate.environment_check (abtest/environment.py): runs measured on different machines, software or code
+    make the latency gates, which compare the arms, report instead of deciding ("latency"), and one gate says why."""
+    diffs = across_runs(control.environments, candidate.environments) if mode != "off" else []
+    if not diffs:
+        return []
+    what = describe(diffs)
+    if mode == "report":
+        return [GateResult("environment", "", "inconclusive",
+                           f"{what}; the latency gates decided anyway (gate.environment_check=report)",
+                           None, None, decides=False)]
+    _reported([r for r in results if r.gate in MEASURED_ON_MACHINE],
+              "measured on different machines or code, see the environment gate")
+    return [GateResult("environment", "", "inconclusive",
+                       f"{what}: a latency change measured across them cannot be told from the "
+                       "environments' difference, so those gates do not decide; run both arms on one machine "
+                       "(a ladder: rerun the control rung there) or set gate.environment_check=report", None, None)]
+
+
 def decide(control: ArmResult, candidate: ArmResult, gate: GateConfig,
            candidate_lossless: bool, lossless_check: str = "exact", random_weights: bool = False,
            tf_covers: bool = True) -> Verdict:
@@ -297,6 +323,7 @@ def decide(control: ArmResult, candidate: ArmResult, gate: GateConfig,
     results += [_ceiling_gate(m, ceiling, control, candidate)
                 for m, ceiling in gate.memory_ceilings_gb.items()]
     results += tf
+    results += _environment_gate(control, candidate, gate.environment_check, results)
     if not results:
         # An empty gate config checks nothing; passing it would promote anything.
         results.append(GateResult("config", "", "inconclusive", "no gates configured: nothing was "

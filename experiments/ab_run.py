@@ -119,7 +119,8 @@ def run_arms(arms: list[Arm], repeats: int, out_dir: Path, parent_run_id: str | 
 def arm_result(arm: Arm) -> ArmResult:
     first = arm.runs[0]
     return ArmResult(arm.name, dict(first.metrics), first.records, first.quality_per_prompt, first.outputs,
-                     first.requests_digest, first.prompts_digest, runs=[x.records for x in arm.runs])
+                     first.requests_digest, first.prompts_digest, runs=[x.records for x in arm.runs],
+                     environments=[x.snapshot.get("environment") or {} for x in arm.runs])
 
 
 def resolved_dtype(resolved: dict) -> str:

@@ -27,7 +27,9 @@ def _git(*args: str) -> str | None:
 
 def environment() -> dict:
     env: dict = {"python": sys.version.split()[0], "platform": platform.platform(),
-                 "machine": platform.machine(), "processor": platform.processor() or None}
+                 "machine": platform.machine(), "processor": platform.processor() or None,
+                 # which machine: a ladder resumed elsewhere compares runs of two (abtest/environment.py)
+                 "host": platform.node() or None, "cpu_model": _cpu_model(), "cpu_count": os.cpu_count()}
     pkgs = {}
     for name in PACKAGES:
         try:
@@ -53,6 +55,17 @@ def environment() -> dict:
     env["git_commit"] = commit
     env["git_dirty"] = bool(_git("status", "--porcelain")) if commit else None
     return env
+
+
+def _cpu_model() -> str | None:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip() or None
+    except OSError:
+        pass
+    return platform.processor() or None
 
 
 def _nvidia_driver() -> str | None:

@@ -139,11 +139,17 @@ def test_a_resumed_ladder_reads_back_the_rungs_that_finished_and_runs_the_rest(t
     tmp, uri, first = tiny_ladder
     before = json.loads((first / "ladder.json").read_text())["rungs"]
     (first / "rung1-batched_decode-r0" / "summary.json").rename(tmp / "summary.json")  # as if cut off mid-rung
+    snap = first / "rung0-baseline-r0" / "config_snapshot.json"
+    kept = snap.read_text()
+    earlier = json.loads(kept)
+    earlier["environment"]["host"] = "another-machine"  # as if the baseline ran in an earlier session elsewhere
+    snap.write_text(json.dumps(earlier))
     try:
         out = tmp / "resumed"
         p = run_py([*tiny_ladder_args(out, uri, "[batched_decode,paged_kv]"), f"ladder.resume_from={first}"])
     finally:
         (tmp / "summary.json").rename(first / "rung1-batched_decode-r0" / "summary.json")
+        snap.write_text(kept)
     assert p.returncode == 0, p.stderr[-3000:]
     rows = json.loads((out / "ladder.json").read_text())["rungs"]
     assert [r["opt"] for r in rows] == [None, "batched_decode", "paged_kv"]
@@ -153,6 +159,13 @@ def test_a_resumed_ladder_reads_back_the_rungs_that_finished_and_runs_the_rest(t
     assert (out / "rung0-baseline-r0" / "requests.jsonl").is_file()  # the new ladder's directory is whole
     said = p.stdout + p.stderr
     assert "resume: rung0-baseline taken from" in said and "rung1-batched_decode runs again" in said
+    # rung 1 ran here, its control elsewhere: its latency gates do not decide, and the verdict says why;
+    # rung 2 ran here too, against rung 1: nothing to say
+    gates = [{g["gate"]: g for g in r["verdict"]["gates"]} for r in rows[1:]]
+    assert gates[0]["environment"]["status"] == "inconclusive"
+    assert "host: another-machine != " in gates[0]["environment"]["reason"]
+    assert not gates[0]["latency_max_regression"]["decides"] and rows[1]["verdict"]["status"] != "pass"
+    assert "environment" not in gates[1] and gates[1]["latency_max_regression"]["decides"]
 
 
 def test_an_earlier_rung_of_other_settings_or_data_is_not_taken(tiny_ladder, tmp_path):
