@@ -2,8 +2,8 @@
 
 An A/B that runs its arms in one process always is. A ladder resumed on another machine is not: rung 4 of the
 H200 ladder ran in a later session than rung 3, on a fresh machine, and every stage the host times was slower
-(decode step mean 25.7 -> 32.0 ms, scheduling 0.06 -> 0.09 ms) though the switch it added does not touch the
-decode path; the machine or the larger batches, those runs cannot tell. A latency change measured across two
+(decode step mean 25.7 -> 32.0 ms, scheduling 0.06 -> 0.09 ms) though the switch it added does not change a
+decode-only step, whose eager cost is host-bound and flat in the batch size: most likely the machine. A latency change measured across two
 machines cannot be told from the machines' difference, so the gates that compare latency stop deciding
 (`gate.environment_check`) and the verdict says which fields differ.
 
