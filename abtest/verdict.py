@@ -279,7 +279,7 @@ def _environment_gate(control: ArmResult, candidate: ArmResult, mode: str,
     return [GateResult("environment", "", "inconclusive",
                        f"{what}: a latency change measured across them cannot be told from the "
                        "environments' difference, so those gates do not decide; run both arms on one machine "
-                       "(a ladder: rerun the control rung there) or set gate.environment_check=report", None, None)]
+                       "(a resumed ladder does, ladder.rerun_control) or set gate.environment_check=report", None, None)]
 
 
 def decide(control: ArmResult, candidate: ArmResult, gate: GateConfig,

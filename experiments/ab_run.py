@@ -170,7 +170,9 @@ def write_json(path: Path, obj) -> Path:
 
 
 def run_ab(cfg: DictConfig, run_dir: Path, overrides: list[str], choices: dict) -> int:
-    ab = OmegaConf.to_object(cfg.ab)
+    with as_user_error():
+        ab = OmegaConf.to_object(cfg.ab)
+        gate = gate_config(cfg)  # before any arm runs: a bad gate must not cost both replays
     base = base_overrides(overrides)
     control = Arm("control", [*base, *ab.control], compose_arm(base, list(ab.control)), [])
     candidate = Arm("candidate", [*base, *ab.candidate], compose_arm(base, list(ab.candidate)), [])
@@ -179,7 +181,7 @@ def run_ab(cfg: DictConfig, run_dir: Path, overrides: list[str], choices: dict) 
                  run_dir=run_dir) as parent:
         run_arms([control, candidate] if ab.first == "control" else [candidate, control], ab.repeats, run_dir,
                  parent.run_id)
-        verdict, cand, lossless, why = gate_pair(control, candidate, gate_config(cfg))
+        verdict, cand, lossless, why = gate_pair(control, candidate, gate)
         out = {"ab": ab.name, "control": control.overrides, "candidate": candidate.overrides, "first": ab.first,
                "repeats": ab.repeats,
                "candidate_lossless": lossless, "lossless_reason": why, **verdict.to_dict(),

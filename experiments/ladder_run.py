@@ -10,12 +10,15 @@ from typing import Callable
 
 from omegaconf import DictConfig, OmegaConf
 
+from abtest.environment import describe, differences
 from abtest.ladder import keeps, ladder_chart, ladder_table, rung_opts
 from abtest.verdict import ArmResult, Verdict, verdict_table
 from experiments.ab_run import (Arm, base_overrides, check_rung_engines, compose_arm, free_device_memory, gate_config,
                                 gate_pair, prepare_arms, run_arms)
+from experiments.errors import as_user_error
 from experiments.load_curves import write_load_curves
 from experiments.resume import resume_rung
+from experiments.snapshot import environment
 from experiments.tracking import Tracker
 from quality.prompts import prompts_digest
 from traffic.request import requests_digest
@@ -27,10 +30,13 @@ Judge = Callable[[Arm, Arm], tuple[Verdict, ArmResult]]  # (last accepted, candi
 
 def run_ladder(cfg: DictConfig, run_dir: Path, overrides: list[str], choices: dict) -> int:
     """ladder.resume_from: rungs that finished in that earlier run directory are read back, not run
-    (experiments/resume.py); ladder.stop_on_error: whether a rung that raises ends the ladder."""
-    ladder = OmegaConf.to_object(cfg.ladder)
+    (experiments/resume.py); a rung that runs here is judged against a read-back control run again here when
+    ladder.rerun_control says so (its environment differs from this one's: `differs`); ladder.stop_on_error:
+    whether a rung that raises ends the ladder."""
+    with as_user_error():
+        ladder = OmegaConf.to_object(cfg.ladder)
+        gate = gate_config(cfg)
     base = base_overrides(overrides)
-    gate = gate_config(cfg)
     baseline = Arm("rung0-baseline", list(base), compose_arm(base, []), [])
     prepare_arms([baseline])  # the rungs differ in opts only: they replay and score the baseline's data
     check_rung_engines([compose_arm(base, [f"+opt=[{','.join(ladder.rungs[:i])}]"])
@@ -41,6 +47,8 @@ def run_ladder(cfg: DictConfig, run_dir: Path, overrides: list[str], choices: di
 
         p = baseline.prepared
         digests = (requests_digest(p.workload.requests), prompts_digest(p.items))
+        read_back: set[str] = set()  # rungs taken from ladder.resume_from, not run here
+        here: dict[str, Arm] = {}  # such a rung run again here, as the control of a rung that ran here
 
         def run_rung(name: str, opts: list[str]) -> Arm:
             extra = [f"+opt=[{','.join(opts)}]"]
@@ -49,13 +57,20 @@ def run_ladder(cfg: DictConfig, run_dir: Path, overrides: list[str], choices: di
                                                          arm.resolved, digests, run_dir)
             if earlier:
                 arm.runs = earlier
+                read_back.add(name)
             else:
                 run_arms([arm], ladder.repeats, run_dir, parent.run_id)
             first_runs.append(arm.runs[0])
             return arm
 
-        rungs, accepted = climb(ladder.rungs, ladder.keep_inconclusive, run_rung,
-                                lambda prev, cand: gate_pair(prev, cand, gate)[:2], ladder.stop_on_error)
+        def judge(prev: Arm, cand: Arm) -> tuple[Verdict, ArmResult]:
+            if prev.name in read_back and cand.name not in read_back:
+                prev = here.get(prev.name) or control_here(prev, ladder.rerun_control, ladder.repeats, run_dir,
+                                                           parent.run_id) or prev
+                here[prev.name.removesuffix(RERUN)] = prev
+            return gate_pair(prev, cand, gate)[:2]
+
+        rungs, accepted = climb(ladder.rungs, ladder.keep_inconclusive, run_rung, judge, ladder.stop_on_error)
         table = ladder_table(rungs)
         (run_dir / "ladder.json").write_text(json.dumps({"ladder": ladder.name, "rungs": rungs,
                                                          "accepted": accepted}, indent=2, default=str))
@@ -66,6 +81,24 @@ def run_ladder(cfg: DictConfig, run_dir: Path, overrides: list[str], choices: di
         print(table)
         print(f"ladder.json, ladder.md, ladder.png in {run_dir}")
         return 0
+
+
+RERUN = "-here"
+
+
+def control_here(prev: Arm, policy: str, repeats: int, run_dir: Path, parent_run_id: str | None) -> Arm | None:
+    """`prev`, read back from an earlier machine, run again on this one (its runs under <name>-here-r*), when
+    ladder.rerun_control says so; None: judge against the read-back runs."""
+    if policy == "never":
+        return None
+    diffs = differences(prev.runs[0].snapshot.get("environment"), environment())
+    if policy == "differs" and not diffs:
+        return None
+    why = describe(diffs) if diffs else "ladder.rerun_control=always"
+    print(f"{prev.name} was read back from another run ({why}): running it again here as the control")
+    again = Arm(f"{prev.name}{RERUN}", prev.overrides, prev.cfg, [], prev.prepared)
+    run_arms([again], repeats, run_dir, parent_run_id)
+    return again
 
 
 def climb(opts: list[str], keep_inconclusive: bool, run_rung: RunRung, judge: Judge,

@@ -59,6 +59,9 @@ class ABConfig:
                              "an A/A on purpose with +ab=aa")
 
 
+RERUN_CONTROL = ("differs", "always", "never")
+
+
 @dataclass
 class LadderConfig:
     name: str = "ladder"
@@ -67,9 +70,16 @@ class LadderConfig:
     keep_inconclusive: bool = True  # a rung that fails is always left out; an undecided one is kept, flagged
     stop_on_error: bool = False  # a rung that raises (e.g. CUDA out of memory) is left out and the ladder goes on
     resume_from: Optional[str] = None  # an earlier run directory of this ladder: its finished rungs are reused
+    # a rung that runs here judged against one read back from resume_from: run that control again here first when
+    # the environments differ (differs: a machine, versions or code; abtest/environment.py), always, or never
+    # (its latency gates then report instead of deciding, gate.environment_check)
+    rerun_control: str = "differs"
 
     def __post_init__(self) -> None:
         from engine.opts import OPTS
+
+        if self.rerun_control not in RERUN_CONTROL:
+            raise ValueError(f"ladder.rerun_control={self.rerun_control!r} is not one of {', '.join(RERUN_CONTROL)}")
 
         bad = [r for r in self.rungs if r not in OPTS]
         if bad or not self.rungs:

@@ -77,3 +77,15 @@ def test_sweep_adds_prerequisites_and_skips_what_this_machine_cannot_run(tmp_pat
     rows = [json.loads(x) for x in (tmp_path / "sweep" / "1" / "quality_outputs.jsonl").read_text().splitlines()]
     assert [r["id"] for r in rows] == ["alpaca_prompts-00001", "alpaca_prompts-00002", "alpaca_prompts-00003"]
     assert rows[0]["prompt"] == "Give the plural of the word.\n\nmouse" and ran.data.metrics["quality/num_prompts"] == 3
+
+
+def test_a_bad_ladder_or_gate_setting_is_one_line_before_anything_runs(tmp_path):
+    for i, (args, said) in enumerate(((["+ladder=seed", "ladder.rerun_control=sometimes"],
+                        "optladder: error: ladder.rerun_control='sometimes' is not one of differs, always, never"),
+                       (["+ab=aa", "gate.environment_check=same"],
+                        "optladder: error: gate.environment_check='same' is not one of latency, report, off"))):
+        out = tmp_path / f"case{i}"
+        p = run([*FAST, "tracking.enabled=false", f"hydra.run.dir={out}", *args])
+        assert p.returncode == USER_ERROR_EXIT, p.stderr[-2000:]
+        assert len(lines(p.stderr)) == 1 and lines(p.stderr)[0].startswith(said)
+        assert not any(out.glob("*-r0"))  # no arm, no rung ran

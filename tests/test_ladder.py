@@ -135,9 +135,8 @@ def test_ladder_through_run_py_on_the_tiny_model(tiny_ladder):
                                                                               "ladder.png"}
 
 
-def test_a_resumed_ladder_reads_back_the_rungs_that_finished_and_runs_the_rest(tiny_ladder):
-    tmp, uri, first = tiny_ladder
-    before = json.loads((first / "ladder.json").read_text())["rungs"]
+def resume_elsewhere(tmp: Path, uri: str, first: Path, out: Path, *extra: str) -> subprocess.CompletedProcess:
+    """Resume `first` with rung 1 cut off mid-rung and the baseline recorded as run on another machine."""
     (first / "rung1-batched_decode-r0" / "summary.json").rename(tmp / "summary.json")  # as if cut off mid-rung
     snap = first / "rung0-baseline-r0" / "config_snapshot.json"
     kept = snap.read_text()
@@ -145,11 +144,21 @@ def test_a_resumed_ladder_reads_back_the_rungs_that_finished_and_runs_the_rest(t
     earlier["environment"]["host"] = "another-machine"  # as if the baseline ran in an earlier session elsewhere
     snap.write_text(json.dumps(earlier))
     try:
-        out = tmp / "resumed"
-        p = run_py([*tiny_ladder_args(out, uri, "[batched_decode,paged_kv]"), f"ladder.resume_from={first}"])
+        return run_py([*tiny_ladder_args(out, uri, "[batched_decode,paged_kv]"), f"ladder.resume_from={first}", *extra])
     finally:
         (tmp / "summary.json").rename(first / "rung1-batched_decode-r0" / "summary.json")
         snap.write_text(kept)
+
+
+def gates_of(row: dict) -> dict:
+    return {g["gate"]: g for g in row["verdict"]["gates"]}
+
+
+def test_a_resumed_ladder_reads_back_the_rungs_that_finished_and_runs_the_rest(tiny_ladder):
+    tmp, uri, first = tiny_ladder
+    before = json.loads((first / "ladder.json").read_text())["rungs"]
+    out = tmp / "resumed"
+    p = resume_elsewhere(tmp, uri, first, out)
     assert p.returncode == 0, p.stderr[-3000:]
     rows = json.loads((out / "ladder.json").read_text())["rungs"]
     assert [r["opt"] for r in rows] == [None, "batched_decode", "paged_kv"]
@@ -159,13 +168,35 @@ def test_a_resumed_ladder_reads_back_the_rungs_that_finished_and_runs_the_rest(t
     assert (out / "rung0-baseline-r0" / "requests.jsonl").is_file()  # the new ladder's directory is whole
     said = p.stdout + p.stderr
     assert "resume: rung0-baseline taken from" in said and "rung1-batched_decode runs again" in said
+    # rung 1 runs here, its control was read back from another machine: the control runs again here first
+    # (ladder.rerun_control=differs), and rung 1 is judged against that run, with nothing to say about machines
+    assert "rung0-baseline was read back from another run (the arms ran in different environments (host: " \
+           "another-machine != " in said
+    assert (out / "rung0-baseline-here-r0" / "requests.jsonl").is_file()
+    assert rows[1]["verdict"]["control"] == "rung0-baseline-here"
+    assert rows[2]["verdict"]["control"] == "rung1-batched_decode"  # ran here: judged as it is
+    for row in rows[1:]:
+        assert "environment" not in gates_of(row) and gates_of(row)["latency_max_regression"]["decides"]
+    mlflow.set_tracking_uri(uri)
+    names = {r.info.run_name for r in MlflowClient().search_runs(
+        [MlflowClient().get_experiment_by_name("optladder").experiment_id])}
+    assert "rung0-baseline-here (repeat 0)" in names
+
+
+def test_a_control_from_another_machine_not_run_again_keeps_latency_from_deciding(tiny_ladder):
+    tmp, uri, first = tiny_ladder
+    out = tmp / "resumed-never"
+    p = resume_elsewhere(tmp, uri, first, out, "ladder.rerun_control=never")
+    assert p.returncode == 0, p.stderr[-3000:]
+    rows = json.loads((out / "ladder.json").read_text())["rungs"]
+    assert not (out / "rung0-baseline-here-r0").exists()
     # rung 1 ran here, its control elsewhere: its latency gates do not decide, and the verdict says why;
     # rung 2 ran here too, against rung 1: nothing to say
-    gates = [{g["gate"]: g for g in r["verdict"]["gates"]} for r in rows[1:]]
-    assert gates[0]["environment"]["status"] == "inconclusive"
-    assert "host: another-machine != " in gates[0]["environment"]["reason"]
-    assert not gates[0]["latency_max_regression"]["decides"] and rows[1]["verdict"]["status"] != "pass"
-    assert "environment" not in gates[1] and gates[1]["latency_max_regression"]["decides"]
+    g1, g2 = gates_of(rows[1]), gates_of(rows[2])
+    assert g1["environment"]["status"] == "inconclusive" and g1["environment"]["decides"]
+    assert "host: another-machine != " in g1["environment"]["reason"]
+    assert not g1["latency_max_regression"]["decides"] and rows[1]["verdict"]["status"] != "pass"
+    assert "environment" not in g2 and g2["latency_max_regression"]["decides"]
 
 
 def test_an_earlier_rung_of_other_settings_or_data_is_not_taken(tiny_ladder, tmp_path):
