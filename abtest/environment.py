@@ -17,7 +17,7 @@ ENVIRONMENT_CHECKS = ("latency", "report", "off")
 # The fields that make two measurements comparable: the machine, what drives its accelerator, the software, the
 # code. Not compared: cpu_threads (a setting, in the resolved config's effect), cuda_visible_devices (which GPU
 # of a host a launcher granted: identical GPUs by `gpu`).
-MACHINE = ("host", "cpu_model", "cpu_count", "gpu", "gpu_count", "driver")
+MACHINE = ("host", "boot_id", "cpu_model", "cpu_count", "gpu", "gpu_uuid", "gpu_count", "driver")
 SOFTWARE = ("python", "platform", "torch_cuda")
 CODE = ("git_commit", "git_dirty")
 

@@ -28,8 +28,10 @@ def _git(*args: str) -> str | None:
 def environment() -> dict:
     env: dict = {"python": sys.version.split()[0], "platform": platform.platform(),
                  "machine": platform.machine(), "processor": platform.processor() or None,
-                 # which machine: a ladder resumed elsewhere compares runs of two (abtest/environment.py)
-                 "host": platform.node() or None, "cpu_model": _cpu_model(), "cpu_count": os.cpu_count()}
+                 # which machine: a ladder resumed elsewhere compares runs of two (abtest/environment.py). Rented
+                 # VMs may all be called "vm" with a generic CPU name: the boot and the GPU's UUID tell them apart
+                 "host": platform.node() or None, "cpu_model": _cpu_model(), "cpu_count": os.cpu_count(),
+                 "boot_id": _read("/proc/sys/kernel/random/boot_id")}
     pkgs = {}
     for name in PACKAGES:
         try:
@@ -47,6 +49,7 @@ def environment() -> dict:
         if torch.cuda.is_available():
             env["gpu"] = torch.cuda.get_device_name(0)
             env["gpu_count"] = torch.cuda.device_count()
+            env["gpu_uuid"] = str(getattr(torch.cuda.get_device_properties(0), "uuid", "")) or None
             env["driver"] = _nvidia_driver()
         env["cpu_threads"] = torch.get_num_threads()
     except ImportError:
@@ -55,6 +58,14 @@ def environment() -> dict:
     env["git_commit"] = commit
     env["git_dirty"] = bool(_git("status", "--porcelain")) if commit else None
     return env
+
+
+def _read(path: str) -> str | None:
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.read().strip() or None
+    except OSError:
+        return None
 
 
 def _cpu_model() -> str | None:

@@ -9,7 +9,7 @@ from abtest.verdict import decide, verdict_table
 from experiments.snapshot import environment
 from tests.test_gates import E2E, QUIET, SCORES, arm, by_name
 
-H200_A = {"host": "gpu-a", "cpu_model": "Intel(R) Xeon(R) Platinum 8468", "cpu_count": 16, "gpu": "NVIDIA H200",
+H200_A = {"host": "vm", "boot_id": "43c65434", "gpu_uuid": "GPU-1a2b", "cpu_model": "Intel(R) Xeon(R) Platinum 8468", "cpu_count": 16, "gpu": "NVIDIA H200",
           "gpu_count": 1, "driver": "580.159.04", "python": "3.12.3", "platform": "Linux-6.18",
           "torch_cuda": "13.0", "git_commit": "6c47b58", "git_dirty": False,
           "packages": {"torch": "2.11.0", "mlflow-skinny": "3.17.2"}, "cpu_threads": 16,
@@ -20,19 +20,24 @@ def test_differences_name_each_field_and_skip_what_one_side_did_not_record():
     assert differences(H200_A, dict(H200_A)) == []
     other = {**H200_A, "host": "gpu-b", "git_commit": "1165f42", "packages": {"torch": "2.11.0", "mlflow-skinny": "3.18.0"},
              "cpu_threads": 8, "cuda_visible_devices": "1"}  # a setting and a granted device: not compared
-    assert differences(H200_A, other) == ["git_commit: 6c47b58 != 1165f42", "host: gpu-a != gpu-b",
+    assert differences(H200_A, other) == ["git_commit: 6c47b58 != 1165f42", "host: vm != gpu-b",
                                           "packages.mlflow-skinny: 3.17.2 != 3.18.0"]
-    older = {k: v for k, v in H200_A.items() if k not in ("host", "cpu_model", "cpu_count")}  # before they were recorded
+    older = {k: v for k, v in H200_A.items()
+             if k not in ("host", "boot_id", "gpu_uuid", "cpu_model", "cpu_count")}  # before they were recorded
     assert differences(older, {**H200_A, "host": "gpu-b"}) == []
+    # two rented VMs of one kind: the same name and CPU name, told apart by their boot and their GPU
+    assert differences(H200_A, {**H200_A, "boot_id": "9f00e1d2", "gpu_uuid": "GPU-3c4d"}) == \
+        ["boot_id: 43c65434 != 9f00e1d2", "gpu_uuid: GPU-1a2b != GPU-3c4d"]
     # every run of both arms against the control's first; each difference once
     assert across_runs([H200_A, H200_A], [H200_A, {**H200_A, "host": "gpu-b"}, {**H200_A, "host": "gpu-b"}]) == \
-        ["host: gpu-a != gpu-b"]
+        ["host: vm != gpu-b"]
     assert across_runs([], []) == [] and across_runs([H200_A], []) == []
 
 
 def test_the_snapshot_records_which_machine_ran():
     env = environment()
     assert env["host"] and env["cpu_count"] and env["cpu_count"] >= 1
+    assert env["boot_id"] and env["boot_id"] == environment()["boot_id"]  # Linux: this boot's, the same all along
     assert isinstance(env["cpu_model"], (str, type(None)))
 
 
@@ -54,12 +59,13 @@ def test_a_latency_pass_measured_on_another_machine_is_not_a_pass():
     other_machine(c, k)
     v = decide(c, k, GateConfig(run_noise=QUIET), False)
     g = by_name(v)
+    assert "host: vm != gpu-b" in g["environment:"].reason
     assert (v.status, v.exit_code) == ("inconclusive", 2)
     lat = g["latency_max_regression:perf/e2e_ms_p99"]
     assert lat.status == "pass" and not lat.decides and "different machines or code" in lat.reason
     env = g["environment:"]
     assert env.status == "inconclusive" and env.decides
-    assert "host: gpu-a != gpu-b" in env.reason and "git_commit: 6c47b58 != 1165f42" in env.reason
+    assert "git_commit: 6c47b58 != 1165f42" in env.reason
     assert "gate.environment_check=report" in env.reason
     assert "environment:" in verdict_table(v)
 
