@@ -266,7 +266,7 @@ def _environment_gate(control: ArmResult, candidate: ArmResult, mode: str,
                       results: list[GateResult]) -> list[GateResult]:
     """gate.environment_check (abtest/environment.py): runs measured on different machines, software or code
     make the latency gates, which compare the arms, report instead of deciding ("latency"), and one gate says why."""
-    diffs = across_runs(control.environments, candidate.environments) if mode != "off" else []
+    diffs = across_runs(control.environments, candidate.environments) if mode != "ignore" else []
     if not diffs:
         return []
     what = describe(diffs)
@@ -274,8 +274,11 @@ def _environment_gate(control: ArmResult, candidate: ArmResult, mode: str,
         return [GateResult("environment", "", "inconclusive",
                            f"{what}; the latency gates decided anyway (gate.environment_check=report)",
                            None, None, decides=False)]
-    _reported([r for r in results if r.gate in MEASURED_ON_MACHINE],
-              "measured on different machines or code, see the environment gate")
+    latency = [r for r in results if r.gate in MEASURED_ON_MACHINE and r.decides]
+    if not latency:  # nothing compared across the machines: said, not deciding
+        return [GateResult("environment", "", "inconclusive", f"{what}; no latency gate to keep from deciding",
+                           None, None, decides=False)]
+    _reported(latency, "measured on different machines or code, see the environment gate")
     return [GateResult("environment", "", "inconclusive",
                        f"{what}: a latency change measured across them cannot be told from the "
                        "environments' difference, so those gates do not decide; run both arms on one machine "
@@ -323,11 +326,11 @@ def decide(control: ArmResult, candidate: ArmResult, gate: GateConfig,
     results += [_ceiling_gate(m, ceiling, control, candidate)
                 for m, ceiling in gate.memory_ceilings_gb.items()]
     results += tf
-    results += _environment_gate(control, candidate, gate.environment_check, results)
     if not results:
         # An empty gate config checks nothing; passing it would promote anything.
         results.append(GateResult("config", "", "inconclusive", "no gates configured: nothing was "
                                   "checked", None, None))
+    results += _environment_gate(control, candidate, gate.environment_check, results)
     statuses = {r.status for r in results if r.decides}
     status: Status = "fail" if "fail" in statuses else (
         "inconclusive" if "inconclusive" in statuses else "pass")

@@ -10,7 +10,7 @@ from typing import Callable
 
 from omegaconf import DictConfig, OmegaConf
 
-from abtest.environment import describe, differences
+from abtest.environment import across_runs, describe
 from abtest.ladder import keeps, ladder_chart, ladder_table, rung_opts
 from abtest.verdict import ArmResult, Verdict, verdict_table
 from experiments.ab_run import (Arm, base_overrides, check_rung_engines, compose_arm, free_device_memory, gate_config,
@@ -18,7 +18,6 @@ from experiments.ab_run import (Arm, base_overrides, check_rung_engines, compose
 from experiments.errors import as_user_error
 from experiments.load_curves import write_load_curves
 from experiments.resume import resume_rung
-from experiments.snapshot import environment
 from experiments.tracking import Tracker
 from quality.prompts import prompts_digest
 from traffic.request import requests_digest
@@ -64,11 +63,48 @@ def run_ladder(cfg: DictConfig, run_dir: Path, overrides: list[str], choices: di
             return arm
 
         def judge(prev: Arm, cand: Arm) -> tuple[Verdict, ArmResult]:
-            if prev.name in read_back and cand.name not in read_back:
-                prev = here.get(prev.name) or control_here(prev, ladder.rerun_control, ladder.repeats, run_dir,
-                                                           parent.run_id) or prev
-                here[prev.name.removesuffix(RERUN)] = prev
+            if prev.name in read_back:
+                prev = control_for(prev, cand)
             return gate_pair(prev, cand, gate)[:2]
+
+        def control_for(prev: Arm, cand: Arm) -> Arm:
+            """The runs of `prev` (read back) that `cand` is judged against: these when both ran in the same
+            environment, else prev run again on cand's machine: by an earlier resume (read back too), or here
+            now when cand ran here and ladder.rerun_control says so."""
+            diffs = across_runs(_envs(prev), _envs(cand))
+            policy = ladder.rerun_control
+            if not diffs and not (policy == "always" and cand.name not in read_back):
+                return prev
+            for find in (lambda: here.get(prev.name), lambda: earlier_here(prev)):
+                alt = find()
+                if alt is not None and not across_runs(_envs(alt), _envs(cand)):
+                    here[prev.name] = alt
+                    return alt
+            if cand.name in read_back or policy == "never":
+                return prev
+            why = describe(diffs) if diffs else "ladder.rerun_control=always"
+            print(f"{prev.name} was read back from another run ({why}): running it again here as {cand.name}'s "
+                  "control")
+            again = Arm(f"{prev.name}{RERUN}", prev.overrides, prev.cfg, [], prev.prepared)
+            try:
+                run_arms([again], ladder.repeats, run_dir, parent.run_id)
+            except Exception as e:  # noqa: BLE001 - the read-back control still stands; its verdict says why
+                if ladder.stop_on_error:
+                    raise
+                print(f"{again.name} failed ({type(e).__name__}: {str(e).strip()[:300]}): judging {cand.name} "
+                      "against the read-back runs")
+                del e
+                free_device_memory()
+                return prev
+            here[prev.name] = again
+            return again
+
+        def earlier_here(prev: Arm) -> Arm | None:
+            name = f"{prev.name}{RERUN}"
+            if not ladder.resume_from or not (Path(ladder.resume_from) / f"{name}-r0").is_dir():
+                return None
+            runs = resume_rung(Path(ladder.resume_from), name, ladder.repeats, prev.resolved, digests, run_dir)
+            return Arm(name, prev.overrides, prev.cfg, runs, prev.prepared) if runs else None
 
         rungs, accepted = climb(ladder.rungs, ladder.keep_inconclusive, run_rung, judge, ladder.stop_on_error)
         table = ladder_table(rungs)
@@ -83,22 +119,11 @@ def run_ladder(cfg: DictConfig, run_dir: Path, overrides: list[str], choices: di
         return 0
 
 
-RERUN = "-here"
+RERUN = "-here"  # a read-back rung run again on this machine: <rung>-here-r0
 
 
-def control_here(prev: Arm, policy: str, repeats: int, run_dir: Path, parent_run_id: str | None) -> Arm | None:
-    """`prev`, read back from an earlier machine, run again on this one (its runs under <name>-here-r*), when
-    ladder.rerun_control says so; None: judge against the read-back runs."""
-    if policy == "never":
-        return None
-    diffs = differences(prev.runs[0].snapshot.get("environment"), environment())
-    if policy == "differs" and not diffs:
-        return None
-    why = describe(diffs) if diffs else "ladder.rerun_control=always"
-    print(f"{prev.name} was read back from another run ({why}): running it again here as the control")
-    again = Arm(f"{prev.name}{RERUN}", prev.overrides, prev.cfg, [], prev.prepared)
-    run_arms([again], repeats, run_dir, parent_run_id)
-    return again
+def _envs(arm: Arm) -> list[dict]:
+    return [r.snapshot.get("environment") or {} for r in arm.runs]
 
 
 def climb(opts: list[str], keep_inconclusive: bool, run_rung: RunRung, judge: Judge,

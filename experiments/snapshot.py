@@ -3,18 +3,26 @@ digests of exactly what was replayed and scored. Enough to rerun it, and to diff
 from __future__ import annotations
 
 import datetime as dt
+import functools
+import hashlib
 import importlib.metadata as md
 import json
 import os
 import platform
 import subprocess
 import sys
+import uuid
 from pathlib import Path
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("torch", "transformers", "tokenizers", "safetensors", "numpy", "scipy", "hydra-core", "omegaconf",
             "mlflow", "mlflow-skinny", "sacrebleu", "rouge-score", "locust", "triton", "vllm", "optladder")
 SNAPSHOT_FILE = "config_snapshot.json"
+# what runs: a commit that changes only documents or results leaves the code_id as it was
+CODE_PATHS = ("engine", "backends", "traffic", "experiments", "abtest", "serving", "quality", "hydra_plugins", "conf",
+              "run.py", "pyproject.toml")
+# this process: two runs of one process are comparable whatever else they recorded (abtest/environment.py)
+PROCESS = uuid.uuid4().hex
 
 
 def _git(*args: str) -> str | None:
@@ -54,10 +62,25 @@ def environment() -> dict:
         env["cpu_threads"] = torch.get_num_threads()
     except ImportError:
         pass
-    commit = _git("rev-parse", "HEAD")
-    env["git_commit"] = commit
-    env["git_dirty"] = bool(_git("status", "--porcelain")) if commit else None
+    env["git_commit"], env["git_dirty"], env["code_id"] = _code()
+    env["process"] = PROCESS
     return env
+
+
+@functools.lru_cache(maxsize=1)
+def _code() -> tuple[str | None, bool | None, str | None]:
+    """(commit, dirty, code_id), read once a process: the code a process runs is the code it loaded. code_id:
+    a digest of the tracked code paths' tree at HEAD, their uncommitted diff and the names of untracked files
+    among them; None where git cannot tell."""
+    commit = _git("rev-parse", "HEAD")
+    if commit is None:
+        return None, None, None
+    dirty = bool(_git("status", "--porcelain"))
+    parts = [_git("ls-tree", "-r", "HEAD", "--", *CODE_PATHS), _git("diff", "HEAD", "--", *CODE_PATHS),
+             _git("ls-files", "--others", "--exclude-standard", "--", *CODE_PATHS)]
+    if any(p is None for p in parts):
+        return commit, dirty, None
+    return commit, dirty, hashlib.sha256("\0".join(parts).encode()).hexdigest()[:16]
 
 
 def _read(path: str) -> str | None:
@@ -79,6 +102,7 @@ def _cpu_model() -> str | None:
     return platform.processor() or None
 
 
+@functools.lru_cache(maxsize=1)
 def _nvidia_driver() -> str | None:
     try:
         out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],

@@ -83,7 +83,7 @@ def test_a_bad_ladder_or_gate_setting_is_one_line_before_anything_runs(tmp_path)
     for i, (args, said) in enumerate(((["+ladder=seed", "ladder.rerun_control=sometimes"],
                         "optladder: error: ladder.rerun_control='sometimes' is not one of differs, always, never"),
                        (["+ab=aa", "gate.environment_check=same"],
-                        "optladder: error: gate.environment_check='same' is not one of latency, report, off"))):
+                        "optladder: error: gate.environment_check='same' is not one of latency, report, ignore"))):
         out = tmp_path / f"case{i}"
         p = run([*FAST, "tracking.enabled=false", f"hydra.run.dir={out}", *args])
         assert p.returncode == USER_ERROR_EXIT, p.stderr[-2000:]

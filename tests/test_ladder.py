@@ -170,8 +170,8 @@ def test_a_resumed_ladder_reads_back_the_rungs_that_finished_and_runs_the_rest(t
     assert "resume: rung0-baseline taken from" in said and "rung1-batched_decode runs again" in said
     # rung 1 runs here, its control was read back from another machine: the control runs again here first
     # (ladder.rerun_control=differs), and rung 1 is judged against that run, with nothing to say about machines
-    assert "rung0-baseline was read back from another run (the arms ran in different environments (host: " \
-           "another-machine != " in said
+    assert "rung0-baseline was read back from another run (the arms ran in different environments (" in said
+    assert "host: another-machine != " in said
     assert (out / "rung0-baseline-here-r0" / "requests.jsonl").is_file()
     assert rows[1]["verdict"]["control"] == "rung0-baseline-here"
     assert rows[2]["verdict"]["control"] == "rung1-batched_decode"  # ran here: judged as it is
@@ -181,6 +181,16 @@ def test_a_resumed_ladder_reads_back_the_rungs_that_finished_and_runs_the_rest(t
     names = {r.info.run_name for r in MlflowClient().search_runs(
         [MlflowClient().get_experiment_by_name("optladder").experiment_id])}
     assert "rung0-baseline-here (repeat 0)" in names
+    # a later resume from that directory reads the rerun back with the rest and judges rung 1 against it again:
+    # nothing runs, and the verdict is the same kind (no environment gate)
+    again = tmp / "resumed-again"
+    p2 = run_py([*tiny_ladder_args(again, uri, "[batched_decode,paged_kv]"), f"ladder.resume_from={out}"])
+    assert p2.returncode == 0, p2.stderr[-3000:]
+    rows2 = json.loads((again / "ladder.json").read_text())["rungs"]
+    assert [r["run_id"] for r in rows2] == [r["run_id"] for r in rows]  # every rung read back
+    assert rows2[1]["verdict"]["control"] == "rung0-baseline-here" and "environment" not in gates_of(rows2[1])
+    assert "running it again here" not in p2.stdout + p2.stderr
+    assert (again / "rung0-baseline-here-r0" / "summary.json").is_file()  # copied: the older directory can go
 
 
 def test_a_control_from_another_machine_not_run_again_keeps_latency_from_deciding(tiny_ladder):
