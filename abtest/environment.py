@@ -2,7 +2,7 @@
 
 An A/B that runs its arms in one process always is. A ladder resumed on another machine is not: rung 4 of the
 H200 ladder ran in a later session than rung 3, on a fresh machine, and every stage the host times was slower
-(decode-only step mean 25.7 -> 32.0 ms, sampling 0.18 -> 0.25 ms, detokenizing 0.06 -> 0.09 ms) though the
+(decode-only step mean 25.7 -> 32.0 ms; per sampled sequence, sampling +13%, detokenizing +20%) though the
 switch it added changes none of them: most likely the machine. A latency change measured across two
 machines cannot be told from the machines' difference, so the gates that compare latency stop deciding
 (`gate.environment_check`) and the verdict says which fields differ.
@@ -19,8 +19,8 @@ ENVIRONMENT_CHECKS = ("latency", "report", "ignore")  # not "off": YAML reads an
 # host's GPUs a launcher granted: the GPU itself is told by its UUID).
 MACHINE = ("host", "boot_id", "cpu_model", "cpu_count", "gpu", "gpu_uuid", "gpu_count", "driver", "cuda_available")
 SOFTWARE = ("python", "platform", "torch_cuda")
-# code_id: the tree of the code directories and their uncommitted diff (experiments/snapshot.py), so a commit that
-# changes only documents changes nothing; snapshots from before it have only the commit and the dirty flag
+# code_id: a digest of the source files under the code directories as on disk (experiments/snapshot.py), so a
+# commit of documents changes nothing; snapshots from before it have only the commit and the dirty flag
 CODE = ("code_id",)
 OLD_CODE = ("git_commit", "git_dirty")
 # recorded by one side only: the machine cannot be shown to be the same (a snapshot from before these were kept)

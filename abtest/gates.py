@@ -98,9 +98,9 @@ class GateConfig:
         needs run-to-run noise: one run pair cannot show it, so without a prior here it needs ab.repeats >= 2.
     run_noise_weight: how many run pairs' worth the prior counts for, pooled with the pairs' own spread.
     environment_check: latency (default): when the arms' runs were measured on different machines, software or
-        code (abtest/environment.py: host, CPU, GPU, driver, versions, git commit), the latency gates (which
-        compare the arms) report instead of deciding and the verdict is at best inconclusive (a ladder resumed
-        on another machine); report: they decide, the difference is reported; ignore: not compared.
+        code (abtest/environment.py: host, boot, CPU, GPU, driver, versions, a digest of the code), the latency
+        gates (which compare the arms) report instead of deciding, so the verdict cannot pass on latency (a
+        ladder resumed on another machine); report: they decide, the difference is reported; ignore: not compared.
     kl_max_mean, kl_max_p99, top1_agree_min, ppl_max_rel_increase: the teacher-forced gates of a lossy
         candidate (abtest/teacher_forced.py), each on its bootstrap interval over prompts; null: not gated.
         The defaults are calibrated on SmolLM2 (README): float32 -> bfloat16 passes, a damaged model fails.

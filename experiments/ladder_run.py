@@ -5,6 +5,7 @@ parent run with a child run per rung."""
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 from typing import Callable
 
@@ -17,21 +18,24 @@ from experiments.ab_run import (Arm, base_overrides, check_rung_engines, compose
                                 gate_pair, prepare_arms, run_arms)
 from experiments.errors import as_user_error
 from experiments.load_curves import write_load_curves
-from experiments.resume import resume_rung
+from experiments.resume import load_result, resume_rung
+from experiments.snapshot import environment
 from experiments.tracking import Tracker
 from quality.prompts import prompts_digest
 from traffic.request import requests_digest
 
 
-RunRung = Callable[[str, list[str]], Arm]  # (arm name, opts on) -> the arm, its runs done
+log = logging.getLogger(__name__)
+RunRung = Callable[[str, list[str], "Arm | None"], Arm]  # (arm name, opts on, its control) -> the arm, runs done
 Judge = Callable[[Arm, Arm], tuple[Verdict, ArmResult]]  # (last accepted, candidate) -> verdict, candidate
 
 
 def run_ladder(cfg: DictConfig, run_dir: Path, overrides: list[str], choices: dict) -> int:
     """ladder.resume_from: rungs that finished in that earlier run directory are read back, not run
-    (experiments/resume.py); a rung that runs here is judged against a read-back control run again here when
-    ladder.rerun_control says so (its environment differs from this one's: `differs`); ladder.stop_on_error:
-    whether a rung that raises ends the ladder."""
+    (experiments/resume.py); before a rung runs here against a read-back control, that control runs again here
+    when ladder.rerun_control says so (`differs`: its machine, versions or code differ from this process's), and
+    each rung is judged against the runs of its control made in its own environment where there are any;
+    ladder.stop_on_error: whether a rung that raises ends the ladder."""
     with as_user_error():
         ladder = OmegaConf.to_object(cfg.ladder)
         gate = gate_config(cfg)
@@ -47,9 +51,10 @@ def run_ladder(cfg: DictConfig, run_dir: Path, overrides: list[str], choices: di
         p = baseline.prepared
         digests = (requests_digest(p.workload.requests), prompts_digest(p.items))
         read_back: set[str] = set()  # rungs taken from ladder.resume_from, not run here
-        here: dict[str, Arm] = {}  # such a rung run again here, as the control of a rung that ran here
+        again: dict[str, list[Arm]] = {}  # such a rung run again (here, or by an earlier resume), by its name
+        failed: set[str] = set()  # rungs whose run again failed here: not tried twice
 
-        def run_rung(name: str, opts: list[str]) -> Arm:
+        def run_rung(name: str, opts: list[str], prev: Arm | None = None) -> Arm:
             extra = [f"+opt=[{','.join(opts)}]"]
             arm = Arm(name, [*base, *extra], compose_arm(base, extra), [], baseline.prepared) if opts else baseline
             earlier = ladder.resume_from and resume_rung(Path(ladder.resume_from), name, ladder.repeats,
@@ -58,9 +63,36 @@ def run_ladder(cfg: DictConfig, run_dir: Path, overrides: list[str], choices: di
                 arm.runs = earlier
                 read_back.add(name)
             else:
+                if prev is not None and prev.name in read_back:
+                    control_here(prev, name)  # before the rung: a deadline that cuts it leaves no rung judged
                 run_arms([arm], ladder.repeats, run_dir, parent.run_id)
             first_runs.append(arm.runs[0])
             return arm
+
+        def control_here(prev: Arm, name: str) -> None:
+            """Run `prev` (read back) again on this machine as `name`'s control, when ladder.rerun_control says
+            so: its environment differs from this one (differs), or always; unless a run of it here exists."""
+            now = [environment()]
+            diffs = across_runs(_envs(prev), now)
+            if ladder.rerun_control == "never" or (ladder.rerun_control == "differs" and not diffs):
+                return
+            if prev.name in failed or any(not across_runs(_envs(a), now) for a in again.get(prev.name, [])):
+                return
+            why = describe(diffs) if diffs else "ladder.rerun_control=always"
+            print(f"{prev.name} was read back from another run ({why}): running it again here as {name}'s control")
+            arm = Arm(f"{prev.name}{RERUN}-{name}", prev.overrides, prev.cfg, [], prev.prepared)
+            try:
+                run_arms([arm], ladder.repeats, run_dir, parent.run_id)
+            except Exception as e:  # noqa: BLE001 - the read-back control still stands; its verdict says why
+                if ladder.stop_on_error:
+                    raise
+                log.error("%s failed, %s is judged against the read-back runs: %s: %s", arm.name, name,
+                          type(e).__name__, str(e).strip()[:300])
+                del e
+                failed.add(prev.name)
+                free_device_memory()
+                return
+            again.setdefault(prev.name, []).append(arm)
 
         def judge(prev: Arm, cand: Arm) -> tuple[Verdict, ArmResult]:
             if prev.name in read_back:
@@ -68,43 +100,29 @@ def run_ladder(cfg: DictConfig, run_dir: Path, overrides: list[str], choices: di
             return gate_pair(prev, cand, gate)[:2]
 
         def control_for(prev: Arm, cand: Arm) -> Arm:
-            """The runs of `prev` (read back) that `cand` is judged against: these when both ran in the same
-            environment, else prev run again on cand's machine: by an earlier resume (read back too), or here
-            now when cand ran here and ladder.rerun_control says so."""
-            diffs = across_runs(_envs(prev), _envs(cand))
-            policy = ladder.rerun_control
-            if not diffs and not (policy == "always" and cand.name not in read_back):
-                return prev
-            for find in (lambda: here.get(prev.name), lambda: earlier_here(prev)):
-                alt = find()
-                if alt is not None and not across_runs(_envs(alt), _envs(cand)):
-                    here[prev.name] = alt
+            """The runs of `prev` (read back) that `cand` is judged against: the first of prev, its runs again
+            here, and its runs again by an earlier resume (copied here only then) that ran in cand's
+            environment; prev where none did (the verdict then says so)."""
+            for alt in (prev, *again.get(prev.name, [])):
+                if not across_runs(_envs(alt), _envs(cand)):
                     return alt
-            if cand.name in read_back or policy == "never":
-                return prev
-            why = describe(diffs) if diffs else "ladder.rerun_control=always"
-            print(f"{prev.name} was read back from another run ({why}): running it again here as {cand.name}'s "
-                  "control")
-            again = Arm(f"{prev.name}{RERUN}", prev.overrides, prev.cfg, [], prev.prepared)
-            try:
-                run_arms([again], ladder.repeats, run_dir, parent.run_id)
-            except Exception as e:  # noqa: BLE001 - the read-back control still stands; its verdict says why
-                if ladder.stop_on_error:
-                    raise
-                print(f"{again.name} failed ({type(e).__name__}: {str(e).strip()[:300]}): judging {cand.name} "
-                      "against the read-back runs")
-                del e
-                free_device_memory()
-                return prev
-            here[prev.name] = again
-            return again
+            alt = earlier_again(prev, cand)
+            if alt is not None:
+                again.setdefault(prev.name, []).append(alt)
+            return alt or prev
 
-        def earlier_here(prev: Arm) -> Arm | None:
-            name = f"{prev.name}{RERUN}"
-            if not ladder.resume_from or not (Path(ladder.resume_from) / f"{name}-r0").is_dir():
+        def earlier_again(prev: Arm, cand: Arm) -> Arm | None:
+            if not ladder.resume_from:
                 return None
-            runs = resume_rung(Path(ladder.resume_from), name, ladder.repeats, prev.resolved, digests, run_dir)
-            return Arm(name, prev.overrides, prev.cfg, runs, prev.prepared) if runs else None
+            for d in sorted(Path(ladder.resume_from).glob(f"{prev.name}{RERUN}-*-r0")):
+                res = load_result(d)
+                if res is not None and not across_runs([res.snapshot.get("environment") or {}], _envs(cand)):
+                    name = d.name[:-len("-r0")]
+                    runs = resume_rung(Path(ladder.resume_from), name, ladder.repeats, prev.resolved, digests,
+                                       run_dir)
+                    if runs:
+                        return Arm(name, prev.overrides, prev.cfg, runs, prev.prepared)
+            return None
 
         rungs, accepted = climb(ladder.rungs, ladder.keep_inconclusive, run_rung, judge, ladder.stop_on_error)
         table = ladder_table(rungs)
@@ -119,7 +137,7 @@ def run_ladder(cfg: DictConfig, run_dir: Path, overrides: list[str], choices: di
         return 0
 
 
-RERUN = "-here"  # a read-back rung run again on this machine: <rung>-here-r0
+RERUN = "-here"  # a read-back rung run again on this machine as a later rung's control: <rung>-here-<later rung>-r0
 
 
 def _envs(arm: Arm) -> list[dict]:
@@ -132,7 +150,7 @@ def climb(opts: list[str], keep_inconclusive: bool, run_rung: RunRung, judge: Ju
     accepted rung. Returns one row per rung (ladder.json's) and the opts accepted at the end. A rung whose
     run raises (a CUDA out-of-memory, a crash) is left out with status `error` and its reason, and the
     ladder goes on, unless stop_on_error; the baseline's error always ends it (nothing to judge against)."""
-    prev = run_rung("rung0-baseline", [])
+    prev = run_rung("rung0-baseline", [], None)
     rungs = [{"rung": 0, "opt": None, "opts": [], "status": "baseline", "accepted_rung": 0,
               "metrics": prev.runs[0].metrics, "run_id": prev.runs[0].run_id}]
     accepted: list[str] = []
@@ -140,7 +158,7 @@ def climb(opts: list[str], keep_inconclusive: bool, run_rung: RunRung, judge: Ju
     for i, opt in enumerate(opts, 1):
         on = rung_opts(accepted, opt)
         try:
-            cand = run_rung(f"rung{i}-{opt}", on)
+            cand = run_rung(f"rung{i}-{opt}", on, prev)
         except Exception as e:  # noqa: BLE001 - what a rung hit is its row's reason; KeyboardInterrupt still ends it
             if stop_on_error:
                 raise

@@ -18,7 +18,7 @@ PROJECT_ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("torch", "transformers", "tokenizers", "safetensors", "numpy", "scipy", "hydra-core", "omegaconf",
             "mlflow", "mlflow-skinny", "sacrebleu", "rouge-score", "locust", "triton", "vllm", "optladder")
 SNAPSHOT_FILE = "config_snapshot.json"
-# what runs: a commit that changes only documents or results leaves the code_id as it was
+# what runs (their source files' digest is the code_id): a commit of documents or results leaves it as it was
 CODE_PATHS = ("engine", "backends", "traffic", "experiments", "abtest", "serving", "quality", "hydra_plugins", "conf",
               "run.py", "pyproject.toml")
 # this process: two runs of one process are comparable whatever else they recorded (abtest/environment.py)
@@ -69,18 +69,30 @@ def environment() -> dict:
 
 @functools.lru_cache(maxsize=1)
 def _code() -> tuple[str | None, bool | None, str | None]:
-    """(commit, dirty, code_id), read once a process: the code a process runs is the code it loaded. code_id:
-    a digest of the tracked code paths' tree at HEAD, their uncommitted diff and the names of untracked files
-    among them; None where git cannot tell."""
+    """(commit, dirty, code_id), read once a process: the code a process runs is the code it loaded. code_id: a
+    digest of the source files under CODE_PATHS as they are on disk (.py, .yaml, .toml; git or no git, so an
+    installed copy or an uncommitted edit counts); commit and dirty: what git says, None where it cannot."""
     commit = _git("rev-parse", "HEAD")
-    if commit is None:
-        return None, None, None
-    dirty = bool(_git("status", "--porcelain"))
-    parts = [_git("ls-tree", "-r", "HEAD", "--", *CODE_PATHS), _git("diff", "HEAD", "--", *CODE_PATHS),
-             _git("ls-files", "--others", "--exclude-standard", "--", *CODE_PATHS)]
-    if any(p is None for p in parts):
-        return commit, dirty, None
-    return commit, dirty, hashlib.sha256("\0".join(parts).encode()).hexdigest()[:16]
+    status = _git("status", "--porcelain") if commit else None
+    return commit, (bool(status) if status is not None else None), _code_id()
+
+
+def _code_id() -> str | None:
+    h = hashlib.sha256()
+    files = 0
+    for top in CODE_PATHS:
+        path = PROJECT_ROOT / top
+        found = [path] if path.is_file() else sorted(path.rglob("*")) if path.is_dir() else []
+        for f in found:
+            if f.suffix not in (".py", ".yaml", ".yml", ".toml") or "__pycache__" in f.parts or not f.is_file():
+                continue
+            try:
+                data = f.read_bytes()
+            except OSError:
+                continue
+            h.update(f.relative_to(PROJECT_ROOT).as_posix().encode() + b"\0" + hashlib.sha256(data).digest())
+            files += 1
+    return h.hexdigest()[:16] if files else None
 
 
 def _read(path: str) -> str | None:

@@ -52,7 +52,7 @@ def stub_climb(rungs: list[str], effects: dict[str, str], keep_inconclusive: boo
     ran: list[tuple[str, list[str]]] = []
     judged: list[tuple[str, str]] = []
 
-    def run_rung(name: str, opts: list[str]) -> Arm:
+    def run_rung(name: str, opts: list[str], prev=None) -> Arm:
         ran.append((name, opts))
         cfg = OmegaConf.create({"engine": {o: o in opts for o in OPTS}})
         return Arm(name, [], cfg, [stub_result(opts, effects)])
@@ -168,19 +168,21 @@ def test_a_resumed_ladder_reads_back_the_rungs_that_finished_and_runs_the_rest(t
     assert (out / "rung0-baseline-r0" / "requests.jsonl").is_file()  # the new ladder's directory is whole
     said = p.stdout + p.stderr
     assert "resume: rung0-baseline taken from" in said and "rung1-batched_decode runs again" in said
-    # rung 1 runs here, its control was read back from another machine: the control runs again here first
+    # rung 1 runs here, its control was read back from another machine: the control runs again here, before rung 1
     # (ladder.rerun_control=differs), and rung 1 is judged against that run, with nothing to say about machines
     assert "rung0-baseline was read back from another run (the arms ran in different environments (" in said
     assert "host: another-machine != " in said
-    assert (out / "rung0-baseline-here-r0" / "requests.jsonl").is_file()
-    assert rows[1]["verdict"]["control"] == "rung0-baseline-here"
+    rerun = "rung0-baseline-here-rung1-batched_decode"
+    assert said.index("running it again here as rung1-batched_decode's control") < said.index("rung 1 (+batched_decode)")
+    assert (out / f"{rerun}-r0" / "requests.jsonl").is_file()
+    assert rows[1]["verdict"]["control"] == rerun
     assert rows[2]["verdict"]["control"] == "rung1-batched_decode"  # ran here: judged as it is
     for row in rows[1:]:
         assert "environment" not in gates_of(row) and gates_of(row)["latency_max_regression"]["decides"]
     mlflow.set_tracking_uri(uri)
     names = {r.info.run_name for r in MlflowClient().search_runs(
         [MlflowClient().get_experiment_by_name("optladder").experiment_id])}
-    assert "rung0-baseline-here (repeat 0)" in names
+    assert f"{rerun} (repeat 0)" in names
     # a later resume from that directory reads the rerun back with the rest and judges rung 1 against it again:
     # nothing runs, and the verdict is the same kind (no environment gate)
     again = tmp / "resumed-again"
@@ -188,9 +190,9 @@ def test_a_resumed_ladder_reads_back_the_rungs_that_finished_and_runs_the_rest(t
     assert p2.returncode == 0, p2.stderr[-3000:]
     rows2 = json.loads((again / "ladder.json").read_text())["rungs"]
     assert [r["run_id"] for r in rows2] == [r["run_id"] for r in rows]  # every rung read back
-    assert rows2[1]["verdict"]["control"] == "rung0-baseline-here" and "environment" not in gates_of(rows2[1])
+    assert rows2[1]["verdict"]["control"] == rerun and "environment" not in gates_of(rows2[1])
     assert "running it again here" not in p2.stdout + p2.stderr
-    assert (again / "rung0-baseline-here-r0" / "summary.json").is_file()  # copied: the older directory can go
+    assert (again / f"{rerun}-r0" / "summary.json").is_file()  # copied: the older directory can go
 
 
 def test_a_control_from_another_machine_not_run_again_keeps_latency_from_deciding(tiny_ladder):
@@ -199,7 +201,7 @@ def test_a_control_from_another_machine_not_run_again_keeps_latency_from_decidin
     p = resume_elsewhere(tmp, uri, first, out, "ladder.rerun_control=never")
     assert p.returncode == 0, p.stderr[-3000:]
     rows = json.loads((out / "ladder.json").read_text())["rungs"]
-    assert not (out / "rung0-baseline-here-r0").exists()
+    assert not list(out.glob("rung0-baseline-here-*"))
     # rung 1 ran here, its control elsewhere: its latency gates do not decide, and the verdict says why;
     # rung 2 ran here too, against rung 1: nothing to say
     g1, g2 = gates_of(rows[1]), gates_of(rows[2])
@@ -229,7 +231,7 @@ def test_a_rung_that_raises_is_left_out_with_its_reason_and_the_ladder_goes_on()
     effects = {"flash_attn": "raises"}
 
     def raising_climb(stop: bool):
-        def run_rung(name: str, opts: list[str]) -> Arm:
+        def run_rung(name: str, opts: list[str], prev=None) -> Arm:
             if "flash_attn" in opts:
                 raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB\n(details)")
             cfg = OmegaConf.create({"engine": {o: o in opts for o in OPTS}})
