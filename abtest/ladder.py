@@ -44,6 +44,12 @@ def ladder_table(rungs: list[dict]) -> str:
         lines.append(f"| {r['rung']} | {r['opt'] or 'baseline'} | {r['status']} | {_fmt(m.get('perf/ttft_ms_p50'))} | "
                      f"{_fmt(m.get('perf/tpot_ms_p50'))} | {_fmt(m.get('perf/e2e_ms_p99'))} | "
                      f"{_fmt(m.get('perf/peak_mem_gb'))} | {_fmt(m.get('quality/exact_match_vs_control'))} |")
+    elsewhere = [f"- rung {r['rung']} (+{r['opt']}): {'; '.join(r['environment_vs_baseline'][:4])}"
+                 for r in rungs if r.get("environment_vs_baseline")]
+    if elsewhere:
+        lines += ["", "Rungs measured in another environment than the baseline (a resumed ladder): their latency "
+                  "against the baseline's above mixes the switches with the environments' difference "
+                  "(abtest/environment.py):", *elsewhere]
     errors = [f"- rung {r['rung']} (+{r['opt']}): {r['reason']}" for r in rungs if r["status"] == "error"]
     if errors:
         lines += ["", "Rungs that raised, left out (their run directories hold error.txt):", *errors]

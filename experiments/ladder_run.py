@@ -11,7 +11,7 @@ from typing import Callable
 
 from omegaconf import DictConfig, OmegaConf
 
-from abtest.environment import across_runs, describe
+from abtest.environment import across_runs, describe, differences
 from abtest.ladder import keeps, ladder_chart, ladder_table, rung_opts
 from abtest.verdict import ArmResult, Verdict, verdict_table
 from experiments.ab_run import (Arm, base_overrides, check_rung_engines, compose_arm, free_device_memory, gate_config,
@@ -144,13 +144,17 @@ def _envs(arm: Arm) -> list[dict]:
     return [r.snapshot.get("environment") or {} for r in arm.runs]
 
 
+def _env(arm: Arm) -> dict:
+    return _envs(arm)[0] if arm.runs else {}
+
+
 def climb(opts: list[str], keep_inconclusive: bool, run_rung: RunRung, judge: Judge,
           stop_on_error: bool = False) -> tuple[list[dict], list[str]]:
     """The baseline, then one rung per opt: the accepted opts plus this one, judged against the last
     accepted rung. Returns one row per rung (ladder.json's) and the opts accepted at the end. A rung whose
     run raises (a CUDA out-of-memory, a crash) is left out with status `error` and its reason, and the
     ladder goes on, unless stop_on_error; the baseline's error always ends it (nothing to judge against)."""
-    prev = run_rung("rung0-baseline", [], None)
+    prev = base = run_rung("rung0-baseline", [], None)
     rungs = [{"rung": 0, "opt": None, "opts": [], "status": "baseline", "accepted_rung": 0,
               "metrics": prev.runs[0].metrics, "run_id": prev.runs[0].run_id}]
     accepted: list[str] = []
@@ -176,5 +180,7 @@ def climb(opts: list[str], keep_inconclusive: bool, run_rung: RunRung, judge: Ju
             accepted, prev, accepted_rung = on, cand, i
         rungs.append({"rung": i, "opt": opt, "opts": on, "status": verdict.status, "kept": keep,
                       "accepted_rung": accepted_rung, "metrics": cres.metrics,
-                      "run_id": cand.runs[0].run_id, "verdict": verdict.to_dict()})
+                      "run_id": cand.runs[0].run_id, "verdict": verdict.to_dict(),
+                      # against the baseline, whose numbers the headline compares this rung's with
+                      "environment_vs_baseline": differences(_env(base), _env(cand))})
     return rungs, accepted

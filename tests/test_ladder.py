@@ -123,6 +123,8 @@ def test_ladder_through_run_py_on_the_tiny_model(tiny_ladder):
     exact = [g for g in rows[1]["verdict"]["gates"] if g["gate"] == "exact_match"]
     assert exact and exact[0]["status"] == "pass"  # a lossless rung: the baseline's exact greedy text
     assert (out / "ladder.md").read_text().startswith("| metric | baseline |")
+    assert rows[1]["environment_vs_baseline"] == []  # one process: one environment, nothing to say
+    assert "another environment" not in (out / "ladder.md").read_text()
     assert (out / "ladder.png").stat().st_size > 0
     mlflow.set_tracking_uri(uri)
     client = MlflowClient()
@@ -179,6 +181,11 @@ def test_a_resumed_ladder_reads_back_the_rungs_that_finished_and_runs_the_rest(t
     assert rows[2]["verdict"]["control"] == "rung1-batched_decode"  # ran here: judged as it is
     for row in rows[1:]:
         assert "environment" not in gates_of(row) and gates_of(row)["latency_max_regression"]["decides"]
+    # the headline compares every rung with a baseline measured elsewhere: ladder.md says so, rung by rung
+    assert all(r["environment_vs_baseline"] for r in rows[1:])
+    md = (out / "ladder.md").read_text()
+    assert "Rungs measured in another environment than the baseline" in md
+    assert "- rung 1 (+batched_decode): " in md and "host: another-machine != " in md
     mlflow.set_tracking_uri(uri)
     names = {r.info.run_name for r in MlflowClient().search_runs(
         [MlflowClient().get_experiment_by_name("optladder").experiment_id])}
