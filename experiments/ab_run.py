@@ -44,6 +44,11 @@ class Arm:
     def resolved(self) -> dict:
         return OmegaConf.to_container(self.cfg, resolve=True)
 
+    @property
+    def environments(self) -> list[dict]:
+        """Each run's machine, versions and code, from its config snapshot (abtest/environment.py)."""
+        return [r.snapshot.get("environment") or {} for r in self.runs]
+
 
 def base_overrides(overrides: list[str]) -> list[str]:
     """The command line minus the A/B or ladder selection itself."""
@@ -120,7 +125,7 @@ def arm_result(arm: Arm) -> ArmResult:
     first = arm.runs[0]
     return ArmResult(arm.name, dict(first.metrics), first.records, first.quality_per_prompt, first.outputs,
                      first.requests_digest, first.prompts_digest, runs=[x.records for x in arm.runs],
-                     environments=[x.snapshot.get("environment") or {} for x in arm.runs])
+                     environments=arm.environments)
 
 
 def resolved_dtype(resolved: dict) -> str:

@@ -18,8 +18,8 @@ from experiments.ab_run import (Arm, base_overrides, check_rung_engines, compose
                                 gate_pair, prepare_arms, run_arms)
 from experiments.errors import as_user_error
 from experiments.load_curves import write_load_curves
-from experiments.resume import load_result, resume_rung
-from experiments.snapshot import environment
+from experiments.resume import resume_rung
+from experiments.snapshot import SNAPSHOT_FILE, environment
 from experiments.tracking import Tracker
 from quality.prompts import prompts_digest
 from traffic.request import requests_digest
@@ -73,10 +73,10 @@ def run_ladder(cfg: DictConfig, run_dir: Path, overrides: list[str], choices: di
             """Run `prev` (read back) again on this machine as `name`'s control, when ladder.rerun_control says
             so: its environment differs from this one (differs), or always; unless a run of it here exists."""
             now = [environment()]
-            diffs = across_runs(_envs(prev), now)
+            diffs = across_runs(prev.environments, now)
             if ladder.rerun_control == "never" or (ladder.rerun_control == "differs" and not diffs):
                 return
-            if prev.name in failed or any(not across_runs(_envs(a), now) for a in again.get(prev.name, [])):
+            if prev.name in failed or any(not across_runs(a.environments, now) for a in again.get(prev.name, [])):
                 return
             why = describe(diffs) if diffs else "ladder.rerun_control=always"
             print(f"{prev.name} was read back from another run ({why}): running it again here as {name}'s control")
@@ -104,7 +104,7 @@ def run_ladder(cfg: DictConfig, run_dir: Path, overrides: list[str], choices: di
             here, and its runs again by an earlier resume (copied here only then) that ran in cand's
             environment; prev where none did (the verdict then says so)."""
             for alt in (prev, *again.get(prev.name, [])):
-                if not across_runs(_envs(alt), _envs(cand)):
+                if not across_runs(alt.environments, cand.environments):
                     return alt
             alt = earlier_again(prev, cand)
             if alt is not None:
@@ -115,8 +115,9 @@ def run_ladder(cfg: DictConfig, run_dir: Path, overrides: list[str], choices: di
             if not ladder.resume_from:
                 return None
             for d in sorted(Path(ladder.resume_from).glob(f"{prev.name}{RERUN}-*-r0")):
-                res = load_result(d)
-                if res is not None and not across_runs([res.snapshot.get("environment") or {}], _envs(cand)):
+                snap = d / SNAPSHOT_FILE  # its environment first: the runs are read (and copied) only on a match
+                env = json.loads(snap.read_text()).get("environment") or {} if snap.is_file() else {}
+                if env and not across_runs([env], cand.environments):
                     name = d.name[:-len("-r0")]
                     runs = resume_rung(Path(ladder.resume_from), name, ladder.repeats, prev.resolved, digests,
                                        run_dir)
@@ -138,14 +139,6 @@ def run_ladder(cfg: DictConfig, run_dir: Path, overrides: list[str], choices: di
 
 
 RERUN = "-here"  # a read-back rung run again on this machine as a later rung's control: <rung>-here-<later rung>-r0
-
-
-def _envs(arm: Arm) -> list[dict]:
-    return [r.snapshot.get("environment") or {} for r in arm.runs]
-
-
-def _env(arm: Arm) -> dict:
-    return _envs(arm)[0] if arm.runs else {}
 
 
 def climb(opts: list[str], keep_inconclusive: bool, run_rung: RunRung, judge: Judge,
@@ -182,5 +175,5 @@ def climb(opts: list[str], keep_inconclusive: bool, run_rung: RunRung, judge: Ju
                       "accepted_rung": accepted_rung, "metrics": cres.metrics,
                       "run_id": cand.runs[0].run_id, "verdict": verdict.to_dict(),
                       # against the baseline, whose numbers the headline compares this rung's with
-                      "environment_vs_baseline": differences(_env(base), _env(cand))})
+                      "environment_vs_baseline": differences(base.environments[0], cand.environments[0])})
     return rungs, accepted

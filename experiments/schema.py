@@ -70,10 +70,10 @@ class LadderConfig:
     keep_inconclusive: bool = True  # a rung that fails is always left out; an undecided one is kept, flagged
     stop_on_error: bool = False  # a rung that raises (e.g. CUDA out of memory) is left out and the ladder goes on
     resume_from: Optional[str] = None  # an earlier run directory of this ladder: its finished rungs are reused
-    # a rung that runs here judged against one read back from resume_from: run that control again here (after the
-    # rung, as <rung>-here) when the environments differ (differs: a machine, versions or code;
+    # a rung about to run here against one read back from resume_from: run that control again here first (as
+    # <rung>-here-<rung it controls>) when the environments differ (differs: a machine, versions or code;
     # abtest/environment.py), always, or never (its latency gates then report instead of deciding,
-    # gate.environment_check); a later resume reads such a rerun back and judges against it
+    # gate.environment_check); a later resume reads such a rerun back when it ran in the candidate's environment
     rerun_control: str = "differs"
 
     def __post_init__(self) -> None:
