@@ -57,7 +57,8 @@ mlflow-server: $(STAMP)
 	  --artifacts-destination '$(MLFLOW_ARTIFACTS)' --host $(MLFLOW_HOST) --port $(MLFLOW_PORT)
 
 # Runs exported on another host (python -m experiments.runs_transfer export ...) into this tracking store:
-#   make import-runs FROM=benchmarks/results/ladder_h200/mlflow-export [TO=http://127.0.0.1:5000]
+#   make import-runs FROM=benchmarks/results/gpu_ladder_h200/ts4_500/mlflow-export.tgz [TO=http://127.0.0.1:5000]
+# (FROM: the export folder, or a gzipped tar of it)
 FROM ?=
 TO ?= sqlite:///mlflow.db
 import-runs: $(STAMP)

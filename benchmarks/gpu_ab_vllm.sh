@@ -26,8 +26,8 @@
 #   pip download --no-deps -d .stage/mei mlflow-export-import==1.2.0   # the runs' way home (0.1 MiB)
 #   PY=.venv/bin/python bash benchmarks/gpu_ab_vllm.sh check   # both arms composed as run.py will, vLLM's command printed (CPU, 10 s)
 # Device calls (kind nvidia-h200), back to back (/tmp survives only while the machine stays warm, ~30 s idle);
-# each carries at most 64 MiB with the working tree (tracked files: ~5 MiB once the 18 MB
-# benchmarks/results/gpu_ladder_h200/ts4_500/ladder-state.tgz is out of the tree; ~22 MiB with it):
+# each carries at most 64 MiB with the working tree (tracked files: ~4.2 MiB since the 8B ladder's 18 MB
+# ladder-state.tgz left the tree):
 #   1  bash benchmarks/gpu_ab_vllm.sh stage   carry: .vllm-gpu/c1 .vllm-gpu/assemble.sh            (60.7 MiB)
 #   2  bash benchmarks/gpu_ab_vllm.sh stage   carry: .vllm-gpu/c2 .vllm-gpu/manifest.tsv .vllm-gpu/assemble.sh
 #                                                    .vllm-serve-wheels                               (62.8 MiB)

@@ -39,7 +39,8 @@
 # rung: at the last one the ladder ends by itself). Keep STATE (/tmp/optladder-ladder) the same across machines:
 # the MLflow store records its artifacts' absolute paths.
 # A later session (a fresh machine) resumes it detached from the last call's archive (FROM: a ladder-*.tgz, or a
-# folder it was unpacked into; a committed archive travels with the repository, no carry needed):
+# folder it was unpacked into; an archive committed under benchmarks/results/ travels with the repository, no
+# carry needed; the 8B ladder's went that way until its last rung, 18 MB of each call's 64 MiB):
 #   FROM=benchmarks/results/gpu_ladder_h200/ts4_500/ladder-state.tgz TS=4 N=500 bash benchmarks/gpu_ladder.sh start
 # (carry: wheelhouse .gpu-data .stage/mei), then `wait` calls as above. TS, N, RUNGS, BASELINE and EXTRA must be those
 # the archive ran with (refused otherwise); an archive split into FROM.part00, .part01, ... is joined.

@@ -7,6 +7,10 @@ them into this store and checks the result.
   python -m experiments.runs_transfer export --uri sqlite:////tmp/ladder/mlflow.db --out DIR   (the GPU host)
   python -m experiments.runs_transfer import DIR [--to URI]                  (here: make import-runs FROM=DIR)
 
+DIR may also be a gzipped tar of such a folder (`tar czf export.tgz -C <parent> <folder>`): a committed export
+of GPU runs is ~14x smaller so (their metric histories compress well), which matters where every file of the
+repository travels in a size-limited device call.
+
 What the import keeps, beyond what mlflow-export-import keeps on its own: every run's final status (the tool
 marks every imported run FINISHED; a KILLED or FAILED rung stays so here), its start and end times (the tool
 starts every run at the import), and parent/child nesting; the source's run id, times and user are the run's `mlflow_exim.*` tags. It is idempotent: each
@@ -88,9 +92,32 @@ def _exported(exp_dir: Path) -> dict[str, dict]:
     return {r: json.loads((exp_dir / r / "run.json").read_text())["mlflow"] for r in runs}
 
 
+ARCHIVES = (".tgz", ".tar.gz")
+
+
 def import_runs(src: Path, uri: str, prefix: str = "", quiet: bool = True) -> list[dict]:
-    """Every exported experiment under `src` into the store at `uri`; per experiment: its name, runs imported,
-    runs already there. Raises SystemExit naming what did not arrive as exported."""
+    """Every exported experiment under `src` (a folder, or a gzipped tar of one) into the store at `uri`; per
+    experiment: its name, runs imported, runs already there. Raises SystemExit naming what did not arrive as
+    exported."""
+    src = Path(src)
+    if src.is_file() and src.name.endswith(ARCHIVES):
+        import tarfile
+        import tempfile
+
+        with tempfile.TemporaryDirectory(prefix="optladder-import-") as tmp:
+            try:
+                with tarfile.open(src, "r:gz") as tar:
+                    tar.extractall(tmp, filter="data")  # no paths outside tmp, no links out, no devices
+            except (tarfile.TarError, OSError, EOFError) as e:
+                raise SystemExit(f"{src}: not a readable gzipped tar ({e})") from None
+            tops = sorted(p.parent for p in Path(tmp).glob("*/experiments.json")) or [Path(tmp)]
+            if len(tops) > 1:
+                raise SystemExit(f"{src} holds {len(tops)} exports ({', '.join(p.name for p in tops)}): "
+                                 f"one archive, one export")
+            return import_runs(tops[0], uri, prefix, quiet)
+    if not src.is_dir():
+        raise SystemExit(f"{src}: no such folder or archive ({' or '.join(ARCHIVES)}) written by "
+                         f"`runs_transfer export`")
     from mlflow.tracking import MlflowClient
 
     from experiments.tracking import ensure_experiment, resolve_uri  # here only: export needs none of the project
@@ -203,7 +230,7 @@ def main(argv: list[str] | None = None) -> int:
     ex.add_argument("--out", type=Path, required=True, help="a folder to write (created)")
     ex.add_argument("--verbose", action="store_true", help="show the tool's own output")
     im = sub.add_parser("import", help="load exported experiments into a store")
-    im.add_argument("src", type=Path, help="a folder written by export")
+    im.add_argument("src", type=Path, help="a folder written by export, or a .tgz of one")
     im.add_argument("--to", default=None, help="the destination store (default: the project's tracking.uri)")
     im.add_argument("--prefix", default="", help="prepended to every experiment name")
     a = ap.parse_args(argv)

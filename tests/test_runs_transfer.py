@@ -96,3 +96,36 @@ def test_runs_arrive_nested_with_status_metrics_and_files_and_a_second_import_ad
 def test_a_folder_that_is_not_an_export_is_refused_by_name(tmp_path):
     with pytest.raises(SystemExit, match="no experiments.json"):
         import_runs(tmp_path, f"sqlite:///{tmp_path / 'mlflow.db'}")
+
+
+def test_an_export_travels_as_a_gzipped_tar_and_a_broken_or_missing_one_is_refused(tmp_path):
+    import tarfile
+
+    src_uri, ids = make_source(tmp_path)
+    out = tmp_path / "mlflow-export"
+    p = subprocess.run([sys.executable, "-m", "experiments.runs_transfer", "export", "--uri", src_uri,
+                        "--out", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-3000:]
+    archive = tmp_path / "mlflow-export.tgz"
+    with tarfile.open(archive, "w:gz") as tar:
+        tar.add(out, arcname="mlflow-export")
+    dst_uri = f"sqlite:///{tmp_path / 'home.db'}"
+    p = subprocess.run([sys.executable, "-m", "experiments.runs_transfer", "import", str(archive), "--to", dst_uri],
+                       cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert "3 run(s) imported, 0 already there" in p.stdout
+    client = MlflowClient(dst_uri)
+    exp = client.get_experiment_by_name("optladder")
+    got = {r.data.tags[SOURCE_TAG]: r for r in client.search_runs([exp.experiment_id])}
+    assert set(got) == set(ids.values())
+    kid = got[ids["rung-0-baseline"]]
+    local = client.download_artifacts(kid.info.run_id, "summary.json", str(tmp_path / "dl"))
+    assert "rung-0-baseline" in Path(local).read_text()  # the files came out of the archive, not a temp left behind
+    assert import_runs(archive, dst_uri) == [{"experiment": "optladder", "runs": 3, "imported": 0, "already_there": 3}]
+
+    broken = tmp_path / "broken.tgz"
+    broken.write_bytes(archive.read_bytes()[:200])
+    with pytest.raises(SystemExit, match="not a readable gzipped tar"):
+        import_runs(broken, dst_uri)
+    with pytest.raises(SystemExit, match="no such folder or archive"):
+        import_runs(tmp_path / "nowhere.tgz", dst_uri)
