@@ -17,13 +17,17 @@ from engine.config import EngineConfig
 GIB = 1 << 30
 # quant_int8 is not here: vLLM has no weight-only int8 for an unquantized checkpoint (its int8 paths load
 # checkpoints quantized ahead of time), so it is refused rather than silently run in the model dtype
-SUPPORTED = ("paged_kv", "flash_attn", "dynamic_batching", "batched_decode", "cuda_graphs", "prefix_cache",
+SUPPORTED = ("paged_kv", "flash_attn", "dynamic_batching", "batched_decode", "cuda_graphs", "piecewise_graphs",
+             "prefix_cache",
              "chunked_prefill", "fused_kernels", "speculative",  # skinny_gemm: vLLM has no switch for its GEMM kernels
              "quant_fp8", "kv_fp8")
 CPU_BLOCK_MULTIPLE = 32  # vLLM's CPU_ATTN kernel takes block sizes that are multiples of 32 only
 # vLLM has no unfused attention: with flash_attn off on CUDA it runs its Triton paged kernel instead
 CUDA_ATTENTION = {True: "FLASH_ATTN", False: "TRITON_ATTN"}
-CUDA_GRAPH_MODE = {True: "FULL_AND_PIECEWISE", False: "NONE"}
+# (cuda_graphs, piecewise_graphs) -> vLLM's cudagraph_mode: full graphs for decode steps, and piecewise ones for
+# the steps with prompt tokens when piecewise_graphs is on too
+CUDA_GRAPH_MODE = {(True, True): "FULL_AND_PIECEWISE", (True, False): "FULL_DECODE_ONLY",
+                   (False, False): "NONE", (False, True): "NONE"}
 
 
 @dataclass
@@ -89,20 +93,26 @@ def opt_mappings(cfg: EngineConfig, device_type: str) -> list[OptMapping]:
                        "--attention-backend cannot select another", extra={"backend": "CPU_ATTN"}),
             OptMapping("cuda_graphs", False, FIXED, False,
                        "vLLM's CPU platform captures no graphs (it empties cudagraph_capture_sizes)"),
+            OptMapping("piecewise_graphs", False, FIXED, False, "vLLM's CPU platform captures no graphs"),
             OptMapping("fused_kernels", False, FIXED, False, "a GPU opt: vLLM's CPU kernels are its own"),
         ]
     else:
         attn = CUDA_ATTENTION[cfg.flash_attn]
-        mode = CUDA_GRAPH_MODE[cfg.cuda_graphs]
+        mode = CUDA_GRAPH_MODE[cfg.cuda_graphs, cfg.piecewise_graphs]
         maps += [
             OptMapping("flash_attn", "flash_attn" in want, MAPPED, cfg.flash_attn,
                        "--attention-backend FLASH_ATTN when on; TRITON_ATTN when off (vLLM has no unfused "
                        "attention, so off compares two fused kernels)", ["--attention-backend", attn],
                        extra={"backend": attn}),
             OptMapping("cuda_graphs", "cuda_graphs" in want, MAPPED, cfg.cuda_graphs,
-                       "compilation_config.cudagraph_mode FULL_AND_PIECEWISE when on, NONE when off (torch.compile "
-                       "stays on either way; --enforce-eager in engine.server.extra_args turns both off)",
+                       "compilation_config.cudagraph_mode FULL_DECODE_ONLY when on (FULL_AND_PIECEWISE with "
+                       "piecewise_graphs), NONE when off (torch.compile stays on either way; --enforce-eager in "
+                       "engine.server.extra_args turns both off)",
                        ["--compilation-config", json.dumps({"cudagraph_mode": mode})], extra={"cudagraph_mode": mode}),
+            OptMapping("piecewise_graphs", "piecewise_graphs" in want, MAPPED, cfg.piecewise_graphs,
+                       "with cuda_graphs, compilation_config.cudagraph_mode FULL_AND_PIECEWISE when on (piecewise "
+                       "graphs around attention for the steps with prompt tokens), FULL_DECODE_ONLY when off",
+                       extra={"cudagraph_mode": mode}),
             OptMapping("fused_kernels", "fused_kernels" in want, ALWAYS_ON, True,
                        "torch.compile (Inductor) fuses vLLM's element-wise work whatever our switch says; only "
                        "--enforce-eager in engine.server.extra_args turns it off"),

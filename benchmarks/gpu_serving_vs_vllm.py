@@ -136,7 +136,7 @@ def b1_and_bursts(generate) -> dict:
 
 # --- ours ---
 
-def our_engine(chunked: bool):
+def our_engine(chunked: bool, piecewise: bool = False):
     import torch
 
     sys.path.insert(0, str(ROOT))
@@ -147,6 +147,8 @@ def our_engine(chunked: bool):
                        tokenizer="synthetic", tie_word_embeddings=False, **SHAPE)
     cuda_only = ("cuda_graphs", "fused_kernels", "skinny_gemm")
     opts = {o: o != "chunked_prefill" or chunked for o in OUR_OPTS if not (TINY and o in cuda_only)}
+    if piecewise and not TINY:
+        opts["piecewise_graphs"] = True
     ecfg = EngineConfig(dtype="float32" if TINY else "bfloat16", device="cpu" if TINY else "cuda",
                         max_model_len=SETTINGS["max_model_len"], kv_cache_gb=SETTINGS["kv_gib"],
                         max_num_seqs=SETTINGS["max_num_seqs"], batch_size=SETTINGS["max_num_seqs"],

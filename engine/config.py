@@ -122,12 +122,15 @@ class EngineConfig:
     max_num_seqs: int = 16
     max_num_batched_tokens: int = 8192
     block_size: int = 16
+    # piecewise_graphs: steps of up to this many tokens (and max_num_batched_tokens) replay their pieces
+    piecewise_max_tokens: int = 2048
     # --- the optimizations: each one switch, off by default ---
     paged_kv: bool = False
     flash_attn: bool = False
     dynamic_batching: bool = False
     batched_decode: bool = False
     cuda_graphs: bool = False
+    piecewise_graphs: bool = False  # steps with prompt tokens as CUDA graphs around eager attention
     fused_kernels: bool = False
     skinny_gemm: bool = False
     prefix_cache: bool = False

@@ -2,7 +2,7 @@
 
 The engine's switches are read here, once each, and handed down as what they decide: paged_kv as the KV
 layout, flash_attn as the attention backend, cuda_graphs / fused_kernels / skinny_gemm as the decode step's
-graphs and kernels, prefix_cache to the block manager, batched_decode to the detokenizer, quant_int8 /
+graphs and kernels, piecewise_graphs as the prompt steps' graphs, prefix_cache to the block manager, batched_decode to the detokenizer, quant_int8 /
 quant_fp8 as the weights' quantization (engine/quant.py), kv_fp8 as the KV layout's format, speculative to
 a Speculator (drafts and their acceptance) and the scheduler's draft slots. The scheduler takes the config
 itself and reads dynamic_batching and chunked_prefill (engine/scheduler.py).
@@ -89,7 +89,9 @@ class LLMEngine:
             make_backend(cfg.flash_attn, self.device, shape.num_attention_heads, shape.num_key_value_heads),
             DecodeKernels(fused=cfg.fused_kernels, skinny=cfg.skinny_gemm),
             graph_max_batch=max(cfg.batch_size, cfg.max_num_seqs) if cfg.cuda_graphs else None,
-            max_model_len=cfg.max_model_len)
+            max_model_len=cfg.max_model_len,
+            piecewise_max_tokens=min(cfg.max_num_batched_tokens, cfg.piecewise_max_tokens) if cfg.piecewise_graphs
+            else None)
         eos = self.tokenizer.eos_token_id
         self.scheduler = Scheduler(cfg, self.block_manager, tuple(eos if isinstance(eos, list) else [eos]),
                                    speculative=spec if spec else None)
@@ -279,6 +281,7 @@ class LLMEngine:
             "batched_decode": {"on": "batched_decode" in on, "host_copies_per_step": det.host_copies / steps,
                                "decode_calls_per_step": det.decode_calls / steps},
             "cuda_graphs": graphs,
+            "piecewise_graphs": runner.piecewise.evidence() if runner.piecewise else {"on": False},
             "fused_kernels": {"on": runner.kernels.fused, "eager_decode_steps": runner.eager_decode_steps,
                               "in_graphs": graphs.get("fused_kernels", False)},
             "skinny_gemm": {"on": runner.kernels.skinny, "in_graphs": graphs.get("skinny_gemm", False)},

@@ -108,17 +108,27 @@ class DecoderLayer(nn.Module):
         self.v_cache: torch.Tensor | None = None
 
     def forward(self, x, positions, meta: AttnMeta, rotary: Rotary, attn) -> torch.Tensor:
+        q, k, v = self.pre_attention(x, positions, meta.slot_mapping, rotary)
+        if meta.is_prefill:
+            o = attn.prefill(q, k, v, meta, self.k_cache, self.v_cache)
+        else:
+            o = attn.decode(q, meta, self.k_cache, self.v_cache)
+        return self.post_attention(x, o)
+
+    # the layer in two pieces around attention, which engine/piecewise.py captures in graphs of their own
+    def pre_attention(self, x, positions, slot_mapping, rotary: Rotary):
+        """RMSNorm, the QKV projection and rotary; stores K/V at the slots. Returns q, k, v [t, heads, hd]."""
         t = x.shape[0]
         qkv = self.qkv_proj(self.input_layernorm(x))
         q, k, v = qkv.split([self.nh * self.hd, self.nkv * self.hd, self.nkv * self.hd], dim=-1)
         q, k = rotary(positions, q.view(t, self.nh, self.hd), k.view(t, self.nkv, self.hd))
         v = v.view(t, self.nkv, self.hd)
-        store_kv(k, v, self.k_cache, self.v_cache, meta.slot_mapping)
-        if meta.is_prefill:
-            o = attn.prefill(q, k, v, meta, self.k_cache, self.v_cache)
-        else:
-            o = attn.decode(q, meta, self.k_cache, self.v_cache)
-        x = x + self.o_proj(o.reshape(t, self.nh * self.hd))
+        store_kv(k, v, self.k_cache, self.v_cache, slot_mapping)
+        return q, k, v
+
+    def post_attention(self, x, o) -> torch.Tensor:
+        """The output projection and residual, then the MLP block and its residual."""
+        x = x + self.o_proj(o.reshape(x.shape[0], self.nh * self.hd))
         gate, up = self.gate_up_proj(self.post_attention_layernorm(x)).chunk(2, dim=-1)
         return x + self.down_proj(nn.functional.silu(gate) * up)
 
@@ -126,25 +136,41 @@ class DecoderLayer(nn.Module):
         """The same layer with fused element-wise kernels; the residual add of each sub-layer is done
         inside the next RMSNorm, so this returns (the MLP output, the residual stream before it).
         skinny: the linear layers through engine/kernels/gemv.py (SiLU·mul in the gate/up product)."""
-        from engine.kernels import fused
-        from engine.kernels.gemv import decode_linear
-
-        def linear(mod: nn.Linear, h, silu_mul=False):
-            if skinny and isinstance(mod, nn.Linear):  # a quantized layer (engine/quant.py) runs its own kernel
-                return decode_linear(h, mod.weight, silu_mul)
-            return fused.silu_mul(mod(h)) if silu_mul else mod(h)
-
-        t = x.shape[0]
-        h, residual = fused.add_rmsnorm(x, residual, self.input_layernorm.weight, self.input_layernorm.eps)
-        store = rope_store_kv_fp8 if isinstance(self.k_cache, QuantKV) else fused.rope_store_kv  # kv_fp8
-        q = store(linear(self.qkv_proj, h), positions, rotary.cos, rotary.sin, meta.slot_mapping,
-                  self.k_cache, self.v_cache, self.nh, self.nkv, self.hd)
+        q, residual = self.pre_attention_fused(x, residual, positions, meta.slot_mapping, rotary, skinny)
         # a varlen step reaches here only when its attention reads K/V from the cache (model_runner.py)
         o = attn.prefill(q, None, None, meta, self.k_cache, self.v_cache) if meta.is_prefill else \
             attn.decode(q, meta, self.k_cache, self.v_cache)
-        h, residual = fused.add_rmsnorm(linear(self.o_proj, o.reshape(t, self.nh * self.hd)), residual,
+        return self.post_attention_fused(o, residual, skinny)
+
+    def _linear(self, mod: nn.Linear, h, skinny: bool, silu_mul: bool = False):
+        from engine.kernels import fused
+        from engine.kernels.gemv import decode_linear
+
+        if skinny and isinstance(mod, nn.Linear):  # a quantized layer (engine/quant.py) runs its own kernel
+            return decode_linear(h, mod.weight, silu_mul)
+        return fused.silu_mul(mod(h)) if silu_mul else mod(h)
+
+    # the fused layer in two pieces around attention (engine/piecewise.py captures them with fused_kernels)
+    def pre_attention_fused(self, x, residual, positions, slot_mapping, rotary: Rotary, skinny: bool):
+        """add+RMSNorm, the QKV projection, rotary and the K/V store in one kernel. Returns (q [t, heads, hd],
+        the residual stream)."""
+        from engine.kernels import fused
+
+        h, residual = fused.add_rmsnorm(x, residual, self.input_layernorm.weight, self.input_layernorm.eps)
+        store = rope_store_kv_fp8 if isinstance(self.k_cache, QuantKV) else fused.rope_store_kv  # kv_fp8
+        q = store(self._linear(self.qkv_proj, h, skinny), positions, rotary.cos, rotary.sin, slot_mapping,
+                  self.k_cache, self.v_cache, self.nh, self.nkv, self.hd)
+        return q, residual
+
+    def post_attention_fused(self, o, residual, skinny: bool):
+        """The output projection, add+RMSNorm, the MLP (SiLU·mul fused). Returns (the MLP output, the
+        residual stream before it)."""
+        from engine.kernels import fused
+
+        t = o.shape[0]
+        h, residual = fused.add_rmsnorm(self._linear(self.o_proj, o.reshape(t, self.nh * self.hd), skinny), residual,
                                         self.post_attention_layernorm.weight, self.post_attention_layernorm.eps)
-        return linear(self.down_proj, linear(self.gate_up_proj, h, silu_mul=True)), residual
+        return self._linear(self.down_proj, self._linear(self.gate_up_proj, h, skinny, silu_mul=True), skinny), residual
 
 
 class LlamaModel(nn.Module):

@@ -37,8 +37,10 @@ def kv_bytes_per_token(model: LlamaModel | LlamaShape, dtype: torch.dtype) -> in
 class ModelRunner:
     def __init__(self, model: LlamaModel, device: torch.device, dtype: torch.dtype, layout: KVLayout, attn,
                  kernels: DecodeKernels = DecodeKernels(), graph_max_batch: int | None = None,
-                 max_model_len: int = 2048):
-        """graph_max_batch: capture decode steps in CUDA graphs up to this batch (None: no graphs)."""
+                 max_model_len: int = 2048, piecewise_max_tokens: int | None = None):
+        """graph_max_batch: capture decode steps in CUDA graphs up to this batch (None: no graphs);
+        piecewise_max_tokens: and steps with prompt tokens piecewise, up to this many tokens (engine/piecewise.py;
+        None: eagerly)."""
         self.model, self.device, self.dtype = model, device, dtype
         self.block_size = layout.block_size
         self.kernels = kernels
@@ -63,6 +65,13 @@ class ModelRunner:
 
             self.graphs = CUDAGraphRunner(model, device, graph_max_batch, max_model_len, layout.block_size,
                                           dummy_block=layout.num_blocks, kernels=kernels)
+        self.piecewise = None
+        if piecewise_max_tokens is not None:
+            assert graph_max_batch is not None, "piecewise_graphs needs cuda_graphs (checked at validation)"
+            from engine.piecewise import PiecewiseGraphRunner
+
+            self.piecewise = PiecewiseGraphRunner(model, device, piecewise_max_tokens,
+                                                  dummy_slot=layout.num_blocks * layout.block_size, kernels=kernels)
 
     @property
     def attention_backend(self) -> str:
@@ -154,6 +163,10 @@ class ModelRunner:
         drafts one row for its newest token and one for each draft."""
         if not batch.is_decode:
             ids, pos, meta, last = self.prepare_varlen(batch)
+            if self.piecewise is not None:
+                logits = self.piecewise.run(ids, pos, meta, last, self.model.attn)
+                if logits is not None:
+                    return logits
             return self.model(ids, pos, meta, last, fused=self._fused_varlen(meta), skinny=self.kernels.skinny)
         seqs, rows = self._verify_rows(batch) if batch.has_drafts else (batch.seqs, None)
         if self.graphs is not None:

@@ -10,7 +10,8 @@ def validate_engine(cfg: EngineConfig, device_type: str) -> None:
     _one_of("engine.name", cfg.name, ENGINES)
     _one_of("engine.dtype", cfg.dtype, DTYPES)
     _one_of("engine.device", cfg.device, DEVICES)
-    for name in ("max_model_len", "batch_size", "max_num_seqs", "max_num_batched_tokens", "block_size"):
+    for name in ("max_model_len", "batch_size", "max_num_seqs", "max_num_batched_tokens", "block_size",
+                 "piecewise_max_tokens"):
         if getattr(cfg, name) < 1:
             raise ValueError(f"engine.{name} must be >= 1, got {getattr(cfg, name)}")
     if cfg.cpu_threads is not None and cfg.cpu_threads < 1:
@@ -35,7 +36,13 @@ def validate_engine(cfg: EngineConfig, device_type: str) -> None:
         if spec.cuda_only and device_type != "cuda":
             raise ValueError(f"opt {spec.name} runs on CUDA only, but the engine runs on {device_type}: "
                              f"drop +opt={spec.name} or run on a GPU (engine.device=cuda)")
-    if "flash_attn" in enabled_opts(cfg) and device_type == "cuda" and cfg.dtype == "float32":
+    on = enabled_opts(cfg)
+    if "piecewise_graphs" in on:  # its pieces are the plain layer's, checked with the model dtype's weights and KV
+        other = [name for name in ("quant_int8", "quant_fp8", "kv_fp8") if name in on]
+        if other:
+            raise ValueError(f"opt piecewise_graphs is not supported with {', '.join(other)} (its graphs capture "
+                             f"the plain bf16/fp16 layer): drop +opt=piecewise_graphs or +opt={other[0]}")
+    if "flash_attn" in on and device_type == "cuda" and cfg.dtype == "float32":
         raise ValueError("opt flash_attn on CUDA needs engine.dtype bfloat16 or float16 (the flash kernel has "
                          "no float32): set engine.dtype=bfloat16 or auto")
 

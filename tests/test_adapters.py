@@ -67,10 +67,17 @@ def test_cuda_maps_attention_backend_and_cuda_graphs_both_ways(on):
     L = launch("cuda", flash_attn=on, cuda_graphs=on, block_size=16)
     assert flag(L.args, "--attention-backend") == ("FLASH_ATTN" if on else "TRITON_ATTN")
     mode = json.loads(flag(L.args, "--compilation-config"))["cudagraph_mode"]
-    assert mode == ("FULL_AND_PIECEWISE" if on else "NONE")
+    assert mode == ("FULL_DECODE_ONLY" if on else "NONE")
     assert flag(L.args, "--dtype") == "bfloat16"  # our auto on CUDA, not the checkpoint's float32
     assert flag(L.args, "--kv-cache-memory-bytes") == str(1 << 30) and L.env == {}
     assert L.opts_effective["flash_attn"]["on"] is on and L.opts_effective["cuda_graphs"]["on"] is on
+
+
+def test_piecewise_graphs_map_to_vllms_full_and_piecewise_mode():
+    L = launch("cuda", flash_attn=True, cuda_graphs=True, piecewise_graphs=True, block_size=16)
+    assert json.loads(flag(L.args, "--compilation-config"))["cudagraph_mode"] == "FULL_AND_PIECEWISE"
+    assert L.opts_effective["piecewise_graphs"]["on"] is True
+    assert L.args.count("--compilation-config") == 1
 
 
 @pytest.mark.parametrize("on", [False, True])

@@ -24,6 +24,7 @@ READERS = {
     "chunked_prefill": "engine/scheduler.py",
     "batched_decode": "engine/llm_engine.py",  # the detokenizer
     "cuda_graphs": "engine/llm_engine.py",  # the runner's graph batch
+    "piecewise_graphs": "engine/llm_engine.py",  # the runner's piecewise token buckets
     "fused_kernels": "engine/llm_engine.py",  # DecodeKernels
     "skinny_gemm": "engine/llm_engine.py",
     "prefix_cache": "engine/llm_engine.py",  # the block manager
