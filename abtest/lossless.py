@@ -12,6 +12,7 @@ from engine.opts import OPTS
 
 SCHEDULING = {"engine.batch_size", "engine.batch_timeout_ms", "engine.max_num_seqs", "engine.max_num_batched_tokens",
               "engine.block_size", "engine.kv_cache_gb", "engine.kv_cache_memory_fraction",
+              "engine.piecewise_max_tokens",  # which steps replay piecewise_graphs' pieces, not what they compute
               "faults.step_slowdown"}  # a test-only delay after each step: later tokens, the same ones
 IGNORED = ("tracking.", "replay.progress", "ab.", "ladder.")
 _MISSING = object()

@@ -45,8 +45,10 @@ PAIRED_METRICS = ("ttft", "tpot", "e2e")
 
 def align_runs(runs: list[list[RequestRecord]], metric: str) -> tuple[np.ndarray, int]:
     """(runs x requests) of one of ttft, tpot, e2e (seconds), column i the same request in every run:
-    the requests that are ok and have a value in every run, in the first run's order. Also returns how
-    many ids of the union were dropped (missing somewhere, failed somewhere, or tpot of one token)."""
+    the requests that are ok and have a value in every run, in the order of their ids (so the seeded bootstrap
+    resamples the same columns whatever order the records came in: a verdict judged from the runs in memory and
+    again from their files agrees exactly). Also returns how many ids of the union were dropped (missing
+    somewhere, failed somewhere, or tpot of one token)."""
     if metric not in PAIRED_METRICS:
         raise ValueError(f"unknown paired metric {metric!r}; valid: {', '.join(PAIRED_METRICS)}")
     by_id = []
@@ -58,7 +60,7 @@ def align_runs(runs: list[list[RequestRecord]], metric: str) -> tuple[np.ndarray
             d[r.id] = r
         by_id.append(d)
     union = set().union(*by_id) if by_id else set()
-    ids = [rid for rid in by_id[0] if all(rid in d and d[rid].ok and getattr(d[rid], metric) is not None
+    ids = [rid for rid in sorted(by_id[0]) if all(rid in d and d[rid].ok and getattr(d[rid], metric) is not None
                                           for d in by_id)] if by_id else []
     values = np.array([[getattr(d[rid], metric) for rid in ids] for d in by_id], dtype=np.float64)
     return values.reshape(len(runs), len(ids)), len(union) - len(ids)

@@ -7,8 +7,12 @@
 # Both arms get the same limits: engine.max_model_len=4096, engine.max_num_seqs=256, max_num_batched_tokens
 # 8192 (the default), engine.block_size=16, KV budget engine.kv_cache_gb=60 (GiB; vLLM: --kv-cache-memory-bytes
 # of the same bytes, backends/vllm_args.py). The opts are given to the base command line, not to ab.control, so
-# both arms get them: vLLM maps them onto FLASH_ATTN, cudagraph_mode FULL_AND_PIECEWISE and chunked prefill
-# (with them only in the control, vLLM would run its Triton attention without graphs nor chunked prefill).
+# both arms get them: vLLM maps them onto FLASH_ATTN, cudagraph_mode FULL_AND_PIECEWISE (cuda_graphs with
+# piecewise_graphs; FULL_DECODE_ONLY with cuda_graphs alone) and chunked prefill (with them only in the control,
+# vLLM would run its Triton attention without graphs nor chunked prefill). The default OPTS include
+# piecewise_graphs, so vLLM runs its default graph mode; the reference engine then runs its pieces too, which
+# its first version ran slower than eagerly (benchmarks/results/gpu_piecewise_h200.md): OPTS without it
+# compares the engines' best configurations instead.
 # The weights of the two arms are different random draws: their outputs and the quality / teacher-forced
 # gates compare nothing (the verdict's quality side fails or is inconclusive); the latency metrics are the point.
 #
@@ -61,7 +65,7 @@ MODE=${1:-start}
 PY=${PY:-python3}
 TS=${TS:-1}
 N=${N:-500}
-OPTS=${OPTS:-"[paged_kv,flash_attn,dynamic_batching,chunked_prefill,batched_decode,cuda_graphs]"}
+OPTS=${OPTS:-"[paged_kv,flash_attn,dynamic_batching,chunked_prefill,batched_decode,cuda_graphs,piecewise_graphs]"}
 DEADLINE_S=${DEADLINE_S:-570}  # seconds from this script's start by which everything is packed (a call: 600)
 WAIT_S=${WAIT_S:-$((DEADLINE_S - 90))}
 STATE=${STATE:-/tmp/optladder-ab-vllm}

@@ -41,7 +41,7 @@
 # A later session (a fresh machine) resumes it detached from the last call's archive (FROM: a ladder-*.tgz, or a
 # folder it was unpacked into; an archive committed under benchmarks/results/ travels with the repository, no
 # carry needed; the 8B ladder's went that way until its last rung, 18 MB of each call's 64 MiB):
-#   FROM=benchmarks/results/gpu_ladder_h200/ts4_500/ladder-state.tgz TS=4 N=500 bash benchmarks/gpu_ladder.sh start
+#   FROM=<a ladder-*.tgz or its folder> TS=4 N=500 bash benchmarks/gpu_ladder.sh start
 # (carry: wheelhouse .gpu-data .stage/mei), then `wait` calls as above. TS, N, RUNGS, BASELINE and EXTRA must be those
 # the archive ran with (refused otherwise); an archive split into FROM.part00, .part01, ... is joined.
 # MODEL=smollm2 runs the same ladder on real weights (SmolLM2-135M-Instruct in bf16: BLEU and ROUGE against the

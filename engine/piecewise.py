@@ -7,14 +7,16 @@ rest of a layer does not: norms, projections, rotary, the KV store and the MLP a
 tokens. So each layer is cut around attention (DecoderLayer.pre_attention / post_attention, or with
 fused_kernels pre_attention_fused / post_attention_fused, the fused kernels' pieces) and, per bucket of token
 counts (16, 32, 64, 128, then four a doubling: 160, 192, 224, 256, 320, ... up to engine.piecewise_max_tokens,
-so a step pads by at most a quarter), the pieces between two attentions are captured as one graph: the embedding and layer 0's pre-attention; layer i's post-attention and layer i+1's
+so a step of more than 128 tokens pads by at most a quarter), the pieces between two attentions are captured as
+one graph: the embedding and layer 0's pre-attention; layer i's post-attention and layer i+1's
 pre-attention; the last layer's post-attention. A step of n tokens pads to the smallest bucket >= n and runs
 num_layers + 1 replays with the attention of each layer eagerly in between (the same backend call an eager
 step makes, on the step's n real rows), then the final norm and head on the sampled rows. Eagerly, a layer
 is ~15 PyTorch kernels launched one by one from Python; here it is one replay and one attention call.
 
-Padding rows (n .. bucket) embed token 0 at position 0 and store their K/V at the dummy slot that decode
-graphs use (a block the pool keeps out of the block manager), so they touch no live sequence; their
+Padding rows (n .. bucket) embed whatever token ids and positions an earlier step left in the buffers (valid
+ones; zeros at first) and store their K/V at the dummy slot that decode graphs use (a block the pool keeps out of
+the block manager; the slots are reset every step), so they touch no live sequence; their
 attention output rows are whatever a finite earlier step left (the buffer starts at zero): each row of the
 pieces depends on its own row only, and no padding row reaches the logits. A step of more tokens than the
 largest bucket runs eagerly and is counted.
@@ -23,7 +25,8 @@ With fused_kernels the pieces are the fused layer's, whose attention reads K/V f
 the Triton varlen kernel's tiles (no flash_attn on CUDA) then runs eagerly, counted. Quantized weights and
 kv_fp8 are refused with piecewise_graphs at validation. On a CPU (tests) the same pieces run without capture
 (the fused ones through Triton's interpreter), so the cutting, padding and buffers are checked there against
-the unpiecewise forward.
+the unpiecewise forward. The teacher-forced scorer (engine/scoring.py) runs the model without the pieces, so an
+A/B of this switch decides quality by exact match.
 
 Measured on the H200 (benchmarks/results/gpu_piecewise_h200.md), the first version (the plain layer's
 pieces, power-of-two buckets up to 8,192, beside fused_kernels' eager steps) made mixed steps slower, not

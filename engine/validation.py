@@ -37,11 +37,16 @@ def validate_engine(cfg: EngineConfig, device_type: str) -> None:
             raise ValueError(f"opt {spec.name} runs on CUDA only, but the engine runs on {device_type}: "
                              f"drop +opt={spec.name} or run on a GPU (engine.device=cuda)")
     on = enabled_opts(cfg)
-    if "piecewise_graphs" in on:  # its pieces are the plain layer's, checked with the model dtype's weights and KV
+    if "piecewise_graphs" in on and cfg.name == "reference":  # the reference engine's pieces (engine/piecewise.py)
         other = [name for name in ("quant_int8", "quant_fp8", "kv_fp8") if name in on]
         if other:
-            raise ValueError(f"opt piecewise_graphs is not supported with {', '.join(other)} (its graphs capture "
-                             f"the plain bf16/fp16 layer): drop +opt=piecewise_graphs or +opt={other[0]}")
+            raise ValueError(f"opt piecewise_graphs is not supported with {', '.join(other)} (its pieces are "
+                             f"checked with the model dtype's weights and KV only): drop +opt=piecewise_graphs "
+                             f"or +opt={other[0]}")
+        if "fused_kernels" in on and "flash_attn" not in on:
+            raise ValueError("opt piecewise_graphs with fused_kernels needs flash_attn (the fused pieces' attention "
+                             "reads K/V from the cache through the Triton varlen kernel; without it every step would "
+                             "run eagerly): use '+opt=[flash_attn,...]' or drop +opt=piecewise_graphs")
     if "flash_attn" in on and device_type == "cuda" and cfg.dtype == "float32":
         raise ValueError("opt flash_attn on CUDA needs engine.dtype bfloat16 or float16 (the flash kernel has "
                          "no float32): set engine.dtype=bfloat16 or auto")

@@ -108,16 +108,20 @@ def import_runs(src: Path, uri: str, prefix: str = "", quiet: bool = True) -> li
             try:
                 with tarfile.open(src, "r:gz") as tar:
                     tar.extractall(tmp, filter="data")  # no paths outside tmp, no links out, no devices
+            except TypeError:  # Python before 3.11.4 / 3.12 has no extraction filters
+                raise SystemExit(f"{src}: unpacking an archive safely needs Python >= 3.11.4; unpack it yourself "
+                                 f"and give the folder") from None
             except (tarfile.TarError, OSError, EOFError) as e:
                 raise SystemExit(f"{src}: not a readable gzipped tar ({e})") from None
-            tops = sorted(p.parent for p in Path(tmp).glob("*/experiments.json")) or [Path(tmp)]
-            if len(tops) > 1:
-                raise SystemExit(f"{src} holds {len(tops)} exports ({', '.join(p.name for p in tops)}): "
-                                 f"one archive, one export")
+            tops = sorted(p.parent for p in Path(tmp).rglob("experiments.json"))
+            if len(tops) != 1:
+                found = ", ".join(str(p.relative_to(tmp)) for p in tops) or "none"
+                raise SystemExit(f"{src} holds {len(tops)} exports (folders with an experiments.json: {found}): "
+                                 f"give an archive of one folder written by `runs_transfer export`")
             return import_runs(tops[0], uri, prefix, quiet)
     if not src.is_dir():
-        raise SystemExit(f"{src}: no such folder or archive ({' or '.join(ARCHIVES)}) written by "
-                         f"`runs_transfer export`")
+        what = "not a folder, nor a" if src.exists() else "no such folder or"
+        raise SystemExit(f"{src}: {what} {' or '.join(ARCHIVES)} archive of one written by `runs_transfer export`")
     from mlflow.tracking import MlflowClient
 
     from experiments.tracking import ensure_experiment, resolve_uri  # here only: export needs none of the project

@@ -93,6 +93,21 @@ def test_align_runs_keeps_requests_ok_everywhere_and_counts_drops() -> None:
         align_runs([[rec("a", 0.1, 1.0), rec("a", 0.1, 1.0)]], "e2e")
 
 
+def test_the_interval_does_not_depend_on_the_order_the_records_came_in(latencies: np.ndarray) -> None:
+    # a verdict judged from the runs in memory (completion order) and again from their files must agree
+    control = [rec(f"r{i:03d}", 0.1, float(x)) for i, x in enumerate(latencies)]
+    candidate = [rec(f"r{i:03d}", 0.1, float(x) * (0.8 + 0.4 * (i % 3 == 0))) for i, x in enumerate(latencies)]
+    shuffled = list(np.random.default_rng(4).permutation(len(control)))
+
+    def interval(c, k):
+        values, _ = align_runs([c, k], "e2e")
+        return pair_interval(values[:1], values[1:], 0.99, 0.1, 4.0)
+
+    a = interval(control, candidate)
+    b = interval([control[i] for i in shuffled], [candidate[i] for i in reversed(shuffled)])
+    assert (a.low, a.high, a.estimate) == (b.low, b.high, b.estimate)
+
+
 @pytest.mark.parametrize("q", [None, 0.5, 0.99])
 def test_halved_latency_in_every_run(latencies: np.ndarray, q) -> None:
     runs = np.stack([latencies, latencies * 1.05])

@@ -30,6 +30,13 @@ def test_lossless_opts_and_scheduling_knobs_keep_a_candidate_lossless():
         True, "lossless: differs only in engine.batch_size, engine.paged_kv")
 
 
+def test_the_piecewise_cap_is_a_scheduling_knob_even_against_a_control_recorded_before_it_existed():
+    before = {k: v for k, v in BASE.items()}
+    before["engine"] = {k: v for k, v in BASE["engine"].items() if k != "piecewise_max_tokens"}
+    cand = with_(engine__piecewise_max_tokens=1024)
+    assert arms_lossless(before, cand)[0] and arms_lossless(BASE, cand)[0]
+
+
 def test_tracking_progress_and_the_arm_selection_do_not_count():
     cand = with_(tracking__uri="b", replay__progress=False, ab={"name": "x"})
     assert arms_lossless(BASE, cand) == (True, "lossless: differs only in nothing")

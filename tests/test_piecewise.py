@@ -60,8 +60,9 @@ def script(runner, plan):
     return logits_out, [s.output_token_ids for s in seqs]
 
 
-# whole prompts, then a chunk of the long one beside decode rows, then a short mixed step in the same bucket as
-# a longer one before it (its padding rows must not write the longer step's stale slots), then decodes of all
+# whole prompts (12 tokens), then a chunk of the long one beside another prompt (41), then a shorter mixed step
+# (19, padded to 32) after it: its padding rows 19-31 hold the 41-token step's live slots in the shared buffer and
+# must write the dummy slot instead; then decodes of all
 PLAN = [{1: 9, 3: 3}, {0: 20, 2: 21}, {0: 17, 1: 1, 3: 1}, {2: 1, 1: 1, 3: 1}, {0: 1, 1: 1, 2: 1, 3: 1}]
 
 
@@ -146,4 +147,57 @@ def test_piecewise_graphs_is_refused_without_cuda_graphs_with_lossy_formats_and_
             validate_engine(EngineConfig(cuda_graphs=True, piecewise_graphs=True, **{lossy: True}), "cuda")
     with pytest.raises(ValueError, match="runs on CUDA only"):
         validate_engine(EngineConfig(cuda_graphs=True, piecewise_graphs=True), "cpu")
+    with pytest.raises(ValueError, match="piecewise_graphs with fused_kernels needs flash_attn"):
+        validate_engine(EngineConfig(cuda_graphs=True, piecewise_graphs=True, fused_kernels=True), "cuda")
+    # vLLM maps the switch onto its own graph mode: its quantized formats are not refused for it
+    validate_engine(EngineConfig(name="vllm", cuda_graphs=True, piecewise_graphs=True, quant_fp8=True), "cuda")
     validate_engine(EngineConfig(cuda_graphs=True, piecewise_graphs=True, flash_attn=True), "cuda")
+
+
+needs_cuda = pytest.mark.skipif(not CUDA, reason="needs a CUDA device")
+
+
+@needs_cuda
+def test_fused_pieces_with_the_skinny_gemm_in_bf16_stay_within_rounding_of_the_eager_step():
+    # the GEMV serves buckets of up to 16 rows in bf16: the 12-token first step pads to 16 and runs it
+    from engine.model import DecodeKernels
+
+    model = tiny_model(torch.bfloat16)
+    eager = make_runner(model, fused=True)
+    eager.kernels = DecodeKernels(fused=True, skinny=True)
+    want_logits, _ = script(eager, PLAN)
+    model = tiny_model(torch.bfloat16)
+    runner = make_runner(model, fused=True)
+    runner.kernels = DecodeKernels(fused=True, skinny=True)
+    runner.piecewise = PiecewiseGraphRunner(model, DEVICE, 64, dummy_slot=NUM_SEQS * PER_SEQ * BLOCK,
+                                            kernels=runner.kernels)
+    got_logits, _ = script(runner, PLAN)
+    for got, want in zip(got_logits[:3], want_logits[:3]):  # the three steps with prompt tokens
+        torch.testing.assert_close(got, want, atol=5e-2, rtol=5e-2)
+    assert runner.piecewise.evidence()["steps"] == 3
+
+
+@needs_cuda
+def test_the_engine_with_piecewise_graphs_gives_the_eager_engines_tokens():
+    # through LLMEngine: the runner's dummy slot, the cap min(max_num_batched_tokens, piecewise_max_tokens), the
+    # evidence; float32 and naive attention, so any difference is the pieces', not rounding's
+    from engine.config import EngineConfig
+    from engine.llm_engine import LLMEngine
+    from engine.sequence import SamplingParams
+    from tests.test_engine_equivalence import model_config
+
+    def run(**kw):
+        cfg = EngineConfig(device="cuda", dtype="float32", max_model_len=256, kv_cache_gb=0.05, paged_kv=True,
+                           dynamic_batching=True, chunked_prefill=True, max_num_batched_tokens=48, max_num_seqs=8,
+                           cuda_graphs=True, **kw)
+        engine = LLMEngine(model_config("tiny"), cfg)
+        g = torch.Generator().manual_seed(9)
+        prompts = [torch.randint(1, 200, (n,), generator=g).tolist() for n in (70, 5, 33, 12)]
+        seqs = engine.generate(prompts, SamplingParams(max_tokens=10))
+        return [s.output_token_ids for s in seqs], engine.opts_effective()
+
+    want, _ = run()
+    got, eff = run(piecewise_graphs=True, piecewise_max_tokens=32)
+    assert got == want
+    pw = eff["piecewise_graphs"]
+    assert pw["on"] and pw["buckets"] == [16, 32] and pw["steps"] > 0 and pw["eager_fallbacks"] > 0  # 48-token steps

@@ -127,5 +127,16 @@ def test_an_export_travels_as_a_gzipped_tar_and_a_broken_or_missing_one_is_refus
     broken.write_bytes(archive.read_bytes()[:200])
     with pytest.raises(SystemExit, match="not a readable gzipped tar"):
         import_runs(broken, dst_uri)
-    with pytest.raises(SystemExit, match="no such folder or archive"):
+    with pytest.raises(SystemExit, match="no such folder or .tgz or .tar.gz archive"):
         import_runs(tmp_path / "nowhere.tgz", dst_uri)
+    with pytest.raises(SystemExit, match="not a folder, nor a .tgz"):
+        import_runs(broken.rename(tmp_path / "export.zip"), dst_uri)
+    nested = tmp_path / "nested.tar.gz"  # an export under a deeper path in the archive is found
+    with tarfile.open(nested, "w:gz") as tar:
+        tar.add(out, arcname="benchmarks/results/x/mlflow-export")
+    assert import_runs(nested, dst_uri) == [{"experiment": "optladder", "runs": 3, "imported": 0, "already_there": 3}]
+    empty = tmp_path / "empty.tgz"
+    with tarfile.open(empty, "w:gz") as tar:
+        tar.add(tmp_path / "dl", arcname="dl")
+    with pytest.raises(SystemExit, match="holds 0 exports"):
+        import_runs(empty, dst_uri)
