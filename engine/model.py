@@ -12,6 +12,7 @@ graphs of engine/cuda_graphs.py. It needs Triton, so a CUDA device or Triton's i
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cache
 from itertools import islice
 
 import torch
@@ -19,6 +20,16 @@ from torch import nn
 
 from engine.attention import AttnMeta, store_kv
 from engine.kv_quant import QuantKV, rope_store_kv_fp8
+
+
+@cache
+def _fused_kernels():
+    """engine/kernels/fused.py and the skinny GEMM, imported on first use (they need Triton) and then looked up
+    once per call site, not imported again per linear layer on the step's hot path."""
+    from engine.kernels import fused
+    from engine.kernels.gemv import decode_linear
+
+    return fused, decode_linear
 
 
 @dataclass(frozen=True)
@@ -143,9 +154,7 @@ class DecoderLayer(nn.Module):
         return self.post_attention_fused(o, residual, skinny)
 
     def _linear(self, mod: nn.Linear, h, skinny: bool, silu_mul: bool = False):
-        from engine.kernels import fused
-        from engine.kernels.gemv import decode_linear
-
+        fused, decode_linear = _fused_kernels()
         if skinny and isinstance(mod, nn.Linear):  # a quantized layer (engine/quant.py) runs its own kernel
             return decode_linear(h, mod.weight, silu_mul)
         return fused.silu_mul(mod(h)) if silu_mul else mod(h)
@@ -154,8 +163,7 @@ class DecoderLayer(nn.Module):
     def pre_attention_fused(self, x, residual, positions, slot_mapping, rotary: Rotary, skinny: bool):
         """add+RMSNorm, the QKV projection, rotary and the K/V store in one kernel. Returns (q [t, heads, hd],
         the residual stream)."""
-        from engine.kernels import fused
-
+        fused, _ = _fused_kernels()
         h, residual = fused.add_rmsnorm(x, residual, self.input_layernorm.weight, self.input_layernorm.eps)
         store = rope_store_kv_fp8 if isinstance(self.k_cache, QuantKV) else fused.rope_store_kv  # kv_fp8
         q = store(self._linear(self.qkv_proj, h, skinny), positions, rotary.cos, rotary.sin, slot_mapping,
@@ -165,8 +173,7 @@ class DecoderLayer(nn.Module):
     def post_attention_fused(self, o, residual, skinny: bool):
         """The output projection, add+RMSNorm, the MLP (SiLU·mul fused). Returns (the MLP output, the
         residual stream before it)."""
-        from engine.kernels import fused
-
+        fused, _ = _fused_kernels()
         t = o.shape[0]
         h, residual = fused.add_rmsnorm(self._linear(self.o_proj, o.reshape(t, self.nh * self.hd), skinny), residual,
                                         self.post_attention_layernorm.weight, self.post_attention_layernorm.eps)
@@ -197,18 +204,23 @@ class LlamaModel(nn.Module):
         attn = attn or self.attn
         x = self.embed_tokens(input_ids)
         layers = self.layers if num_layers is None else islice(self.layers, num_layers)
-        if fused:
-            from engine.kernels.fused import add_rmsnorm
-            from engine.kernels.gemv import decode_linear
-
-            residual = None
-            for layer in layers:
-                x, residual = layer.forward_fused(x, residual, positions, meta, self.rotary, attn, skinny)
-            x = add_rmsnorm(x, residual, self.norm.weight, self.norm.eps)[0][logits_indices]
-            return (decode_linear(x, self.lm_head.weight) if skinny else self.lm_head(x)).float()
+        residual = None
         for layer in layers:
-            x = layer(x, positions, meta, self.rotary, attn)
-        return self.lm_head(self.norm(x[logits_indices])).float()
+            if fused:
+                x, residual = layer.forward_fused(x, residual, positions, meta, self.rotary, attn, skinny)
+            else:
+                x = layer(x, positions, meta, self.rotary, attn)
+        return self.head(x, residual, logits_indices, fused, skinny)
+
+    def head(self, x, residual, logits_indices, fused: bool = False, skinny: bool = False) -> torch.Tensor:
+        """The final norm and the head on the rows logits_indices picks: float32 logits. fused: after the fused
+        layers, whose last output and residual stream the fused add+RMSNorm sums; skinny: and the head through
+        the skinny GEMM. Shared by forward and the piecewise steps (engine/piecewise.py)."""
+        if not fused:
+            return self.lm_head(self.norm(x[logits_indices])).float()
+        fused, decode_linear = _fused_kernels()
+        x = fused.add_rmsnorm(x, residual, self.norm.weight, self.norm.eps)[0][logits_indices]
+        return (decode_linear(x, self.lm_head.weight) if skinny else self.lm_head(x)).float()
 
     def load_hf_state_dict(self, sd: dict[str, torch.Tensor]) -> None:
         """Hugging Face Llama names -> this module (fusing q/k/v and gate/up)."""

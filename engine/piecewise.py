@@ -116,8 +116,8 @@ class PiecewiseGraphRunner:
             self.x[:t].copy_(x)
             self.residual[:t].copy_(residual)
         if i < len(layers):
-            q, residual = layers[i].pre_attention_fused(self.x[:t], residual if i else None, pos, slots,
-                                                        self.model.rotary, self.skinny)
+            q, residual = layers[i].pre_attention_fused(self.x[:t], residual, pos, slots, self.model.rotary,
+                                                        self.skinny)
             self.q[:t].copy_(q)
             self.residual[:t].copy_(residual)
 
@@ -158,6 +158,7 @@ class PiecewiseGraphRunner:
         if t > n:
             self.ints[2, n:t].fill_(self.dummy_slot)  # an earlier, longer step left live slots there
         layers = self.model.layers
+        kv = (None, None) if self.fused else (self.k[:n], self.v[:n])  # fused: attention reads K/V from the cache
         for i in range(len(layers) + 1):
             if self.capture:
                 self.graphs[t][i].replay()
@@ -165,18 +166,10 @@ class PiecewiseGraphRunner:
                 self._piece(i, t)
             if i < len(layers):
                 layer = layers[i]
-                kv = (None, None) if self.fused else (self.k[:n], self.v[:n])
                 o = attn.prefill(self.q[:n], *kv, meta, layer.k_cache, layer.v_cache)
                 self.o[:n].copy_(o.reshape(n, self.nh * self.hd))
         self.replays += 1
-        m = self.model
-        if not self.fused:
-            return m.lm_head(m.norm(self.x[:n][logits_indices])).float()
-        from engine.kernels.fused import add_rmsnorm
-        from engine.kernels.gemv import decode_linear
-
-        x = add_rmsnorm(self.x[:n], self.residual[:n], m.norm.weight, m.norm.eps)[0][logits_indices]
-        return (decode_linear(x, m.lm_head.weight) if self.skinny else m.lm_head(x)).float()
+        return self.model.head(self.x[:n], self.residual[:n], logits_indices, self.fused, self.skinny)
 
     def evidence(self) -> dict:
         return {"on": True, "pieces": "fused" if self.fused else "plain", "buckets": self.buckets,

@@ -41,13 +41,18 @@ def make_source(tmp: Path) -> tuple[str, dict]:
     return uri, {"parent": parent.info.run_id, **kids}
 
 
-def test_runs_arrive_nested_with_status_metrics_and_files_and_a_second_import_adds_nothing(tmp_path):
-    src_uri, ids = make_source(tmp_path)
-    out = tmp_path / "export"
+def export(src_uri: str, out: Path) -> None:
+    """`python -m experiments.runs_transfer export`, as the GPU host runs it."""
     p = subprocess.run([sys.executable, "-m", "experiments.runs_transfer", "export", "--uri", src_uri,
                         "--out", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr[-3000:]
     assert "3 run(s)" in p.stdout
+
+
+def test_runs_arrive_nested_with_status_metrics_and_files_and_a_second_import_adds_nothing(tmp_path):
+    src_uri, ids = make_source(tmp_path)
+    out = tmp_path / "export"
+    export(src_uri, out)
 
     dst_uri = f"sqlite:///{tmp_path / 'home' / 'mlflow.db'}"
     (tmp_path / "home").mkdir()
@@ -103,9 +108,7 @@ def test_an_export_travels_as_a_gzipped_tar_and_a_broken_or_missing_one_is_refus
 
     src_uri, ids = make_source(tmp_path)
     out = tmp_path / "mlflow-export"
-    p = subprocess.run([sys.executable, "-m", "experiments.runs_transfer", "export", "--uri", src_uri,
-                        "--out", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=300)
-    assert p.returncode == 0, p.stderr[-3000:]
+    export(src_uri, out)
     archive = tmp_path / "mlflow-export.tgz"
     with tarfile.open(archive, "w:gz") as tar:
         tar.add(out, arcname="mlflow-export")
