@@ -5,6 +5,8 @@ every live block (padding rows write only the dummy slot, even after a longer st
 buffer), and the fallback past the largest bucket. On CUDA the same checks run with the pieces captured."""
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -184,7 +186,11 @@ def test_the_engine_with_piecewise_graphs_gives_the_eager_engines_tokens():
     from engine.config import EngineConfig
     from engine.llm_engine import LLMEngine
     from engine.sequence import SamplingParams
-    from tests.test_engine_equivalence import model_config
+    import yaml
+    from engine.config import ModelConfig
+
+    def model_config(name):  # the YAML read directly: the GPU image has no omegaconf (tests.test_engine_equivalence needs it)
+        return ModelConfig(**yaml.safe_load((Path(__file__).resolve().parents[1] / "conf" / "model" / f"{name}.yaml").read_text()))
 
     def run(**kw):
         cfg = EngineConfig(device="cuda", dtype="float32", max_model_len=256, kv_cache_gb=0.05, paged_kv=True,
