@@ -34,7 +34,11 @@ def ladder_table(rungs: list[dict]) -> str:
     for label, key in ROWS:
         a, b = base["metrics"].get(key), final["metrics"].get(key)
         lines.append(f"| {label} | {_fmt(a)} | {_fmt(b)} | {_change(a, b)} |")
-    lines.append(f"| BLEU / ROUGE-L Δ vs control (last accepted rung) | - | "
+    for label, key in (("BLEU vs references", "quality/bleu_vs_ref"), ("ROUGE-L vs references", "quality/rougeL_vs_ref")):
+        a, b = base["metrics"].get(key), final["metrics"].get(key)
+        lines.append(f"| {label} | {_fmt(a)} | {_fmt(b)} | {_change(a, b)} |")
+    # agreement, not a change: the last accepted rung's answers scored against its control's (100 / 1: the same)
+    lines.append(f"| BLEU / ROUGE-L vs its control's answers (last accepted rung) | - | "
                  f"{_fmt(final['metrics'].get('quality/bleu_vs_control'))} / "
                  f"{_fmt(final['metrics'].get('quality/rougeL_vs_control'))} | - |")
     lines += ["", "| rung | opt added | verdict | TTFT p50 | TPOT p50 | E2E p99 | peak mem GiB | exact match vs prev |",

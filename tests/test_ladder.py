@@ -260,10 +260,12 @@ def test_a_rung_that_raises_is_left_out_with_its_reason_and_the_ladder_goes_on()
 def test_ladder_table_compares_the_baseline_with_the_last_accepted_rung():
     base = {"perf/ttft_ms_p50": 1444.0, "perf/tpot_ms_p50": 61.54, "perf/e2e_ms_p99": 25459.0,
             "perf/throughput_out_tok_s": 41.29, "capacity/max_concurrency": 10000.0, "perf/peak_mem_gb": 2.146,
-            "perf/kv_reserved_gb": 0.7031, "perf/kv_util": 0.0}
+            "perf/kv_reserved_gb": 0.7031, "perf/kv_util": 0.0, "quality/bleu_vs_ref": 9.729,
+            "quality/rougeL_vs_ref": 0.436}
     kept = {"perf/ttft_ms_p50": 1377.0, "perf/tpot_ms_p50": 58.55, "perf/e2e_ms_p99": 12345.6,
             "capacity/max_concurrency": 9999.0, "perf/peak_mem_gb": 2.207, "perf/kv_util": 0.9,
-            "quality/exact_match_vs_control": 1.0, "quality/bleu_vs_control": 100.0, "quality/rougeL_vs_control": 1.0}
+            "quality/exact_match_vs_control": 1.0, "quality/bleu_vs_control": 100.0, "quality/rougeL_vs_control": 1.0,
+            "quality/bleu_vs_ref": 9.488, "quality/rougeL_vs_ref": 0.4231}
     failed = {"perf/ttft_ms_p50": 1000.0, "quality/exact_match_vs_control": 0.5}
     rungs = [{"rung": 0, "opt": None, "opts": [], "status": "baseline", "accepted_rung": 0, "metrics": base},
              {"rung": 1, "opt": "paged_kv", "opts": ["paged_kv"], "status": "pass", "accepted_rung": 1, "metrics": kept},
@@ -280,7 +282,9 @@ def test_ladder_table_compares_the_baseline_with_the_last_accepted_rung():
         "| peak memory (GiB) | 2.146 | 2.207 | +2.8% |",
         "| KV reserved (GiB) | 0.7031 | - | - |",
         "| KV utilization | 0 | 0.9 | - |",  # no change relative to 0
-        "| BLEU / ROUGE-L Δ vs control (last accepted rung) | - | 100 / 1 | - |",
+        "| BLEU vs references | 9.729 | 9.488 | -2.5% |",
+        "| ROUGE-L vs references | 0.436 | 0.4231 | -3.0% |",
+        "| BLEU / ROUGE-L vs its control's answers (last accepted rung) | - | 100 / 1 | - |",
         "",
         "| rung | opt added | verdict | TTFT p50 | TPOT p50 | E2E p99 | peak mem GiB | exact match vs prev |",
         "|---|---|---|---|---|---|---|---|",
