@@ -189,8 +189,9 @@ def test_the_engine_with_piecewise_graphs_gives_the_eager_engines_tokens():
     import yaml
     from engine.config import ModelConfig
 
-    def model_config(name):  # the YAML read directly: the GPU image has no omegaconf (tests.test_engine_equivalence needs it)
-        return ModelConfig(**yaml.safe_load((Path(__file__).resolve().parents[1] / "conf" / "model" / f"{name}.yaml").read_text()))
+    def model_config(name):  # the YAML read directly (the GPU image has no omegaconf), the synthetic tokenizer (nor SmolLM2's files)
+        cfg = yaml.safe_load((Path(__file__).resolve().parents[1] / "conf" / "model" / f"{name}.yaml").read_text())
+        return ModelConfig(**{**cfg, "tokenizer": "synthetic"})
 
     def run(**kw):
         cfg = EngineConfig(device="cuda", dtype="float32", max_model_len=256, kv_cache_gb=0.05, paged_kv=True,
