@@ -26,7 +26,7 @@ from experiments.snapshot import build_snapshot, write_snapshot
 from experiments.tracking import Tracker, flatten
 from quality.prompts import prompts_digest
 from quality.scoring import score_vs_references, to_metrics
-from traffic.capacity import capacity_metrics, find_capacity, requests_at
+from traffic.capacity import capacity_metrics, find_capacity, requests_at, stop_when_missed
 from traffic.metrics import compute_metrics
 from traffic.replay_config import Pacing
 from traffic.request import Request, RequestRecord, requests_digest
@@ -176,14 +176,18 @@ def _capacity(conf, backend, requests, run_dir: Path) -> dict[str, float]:
     closed = rc.capacity_mode == "concurrency"
 
     quiet = replace(rc, progress=False)
+    # only the in-process driver can stop a probe (it aborts the engine's requests); over HTTP they run whole
+    stop_early = rc.capacity_stop_early and backend.name in ("reference", "hf") and rc.driver == "inprocess"
 
     def run_at(load: float) -> list[RequestRecord]:
         reqs = requests_at(requests, rc.capacity_requests, load, rc.capacity_mode, conf.seed)
         pacing = Pacing("closed", int(load)) if closed else Pacing("open")
-        return backend.replay(reqs, quiet, pacing, lambda rec: None)
+        on_record = stop_when_missed(len(reqs), conf.slo.e2e_s) if stop_early else (lambda rec: None)
+        return backend.replay(reqs, quiet, pacing, on_record)
 
     result = find_capacity(run_at, rc.capacity_lo, rc.capacity_hi, conf.slo, rc.capacity_mode, rc.capacity_iters)
     (run_dir / "capacity.json").write_text(json.dumps(result.to_dict(), indent=2))
-    log.info("capacity: %s = %s at P99 E2E <= %.1f s (%d probes)%s", rc.capacity_mode, result.value,
-             result.slo_e2e_s, len(result.probes), "; hi passed, raise replay.capacity_hi" if result.at_hi else "")
+    log.info("capacity: %s = %s at P99 E2E <= %.1f s (%d probes, %.0f s; %d stopped early)%s", rc.capacity_mode,
+             result.value, result.slo_e2e_s, len(result.probes), sum(p.seconds for p in result.probes),
+             sum(p.stopped > 0 for p in result.probes), "; hi passed, raise replay.capacity_hi" if result.at_hi else "")
     return capacity_metrics(result)

@@ -42,7 +42,9 @@ def test_concurrency_bisection_finds_the_integer_threshold():
     assert len(result.probes) <= 2 + math.ceil(math.log2(63))
     m = capacity_metrics(result)
     assert m == {"capacity/max_concurrency": 30.0, "capacity/slo_e2e_s": 3.0,
-                 "capacity/probes": float(len(result.probes)), "capacity/at_hi": 0.0}
+                 "capacity/probes": float(len(result.probes)), "capacity/at_hi": 0.0,
+                 "capacity/search_s": sum(p.seconds for p in result.probes), "capacity/probes_stopped_early": 0.0}
+    assert all(p.seconds >= 0 for p in result.probes)
 
 
 def test_rate_bisection_lands_within_tolerance():
@@ -155,3 +157,65 @@ def test_probe_workloads_reuse_the_requests_and_number_the_copies():
     assert default != [r.scheduled_at for r in requests_at(reqs, 5, 3.0, "rate", seed=1)]
     with pytest.raises(ValueError, match=re.escape("capacity search needs at least one request to replay")):
         requests_at([], 5, 2, "concurrency")
+
+
+def _rec(i: int, e2e_s: float | None) -> RequestRecord:
+    ok = e2e_s is not None
+    return RequestRecord(f"r{i}", 0.0, 8, 4, sent_at=0.0, first_token_at=0.0 if ok else None,
+                         finished_at=e2e_s, output_tokens=4 if ok else 0, ok=ok, error=None if ok else "timeout")
+
+
+def _stops_after(e2es, slo_s=3.0):
+    """How many records stop_when_missed took before raising (None: it let the probe run to the end)."""
+    from traffic.capacity import stop_when_missed
+    from traffic.replay import StopReplay
+
+    cb = stop_when_missed(len(e2es), slo_s)
+    for i, e in enumerate(e2es):
+        try:
+            cb(_rec(i, e))
+        except StopReplay as why:
+            assert "3 s SLO" in str(why)
+            return i + 1
+    return None
+
+
+def test_a_probe_stops_once_its_p99_must_miss_the_slo():
+    # 32 requests: P99 interpolates between the two slowest, so one slow answer (2.76 s at most with the rest
+    # instant) cannot decide it, two can; a failure counts as infinitely slow and decides at once
+    assert _stops_after([4.0, 4.0] + [0.1] * 30) == 2
+    assert _stops_after([4.0] + [0.1] * 31) is None
+    assert _stops_after([None] + [0.1] * 31) == 1
+    assert _stops_after([0.1] * 31 + [9.0]) is None  # the last record: nothing left to save
+    assert _stops_after([2.9] * 32) is None
+
+
+def test_a_stopped_probe_is_always_one_the_whole_probe_fails():
+    # the lower bound only stops what must fail: over random orders and mixes, whenever it stops a probe the
+    # full probe's P99 is over the SLO; and it stops most probes that fail well before their end
+    import random
+
+    rng = random.Random(7)
+    stopped_failing = failing = 0
+    for _ in range(400):
+        n = rng.choice([8, 32, 100])
+        slow = rng.random()
+        e2es = [None if rng.random() < 0.02 else rng.uniform(0, 2.5) + (rng.random() < slow) * rng.uniform(0, 6)
+                for _ in range(n)]
+        at = _stops_after(e2es)
+        full = p99_e2e([_rec(i, e) for i, e in enumerate(e2es)])
+        if at is not None:
+            assert full > 3.0, (e2es, at)
+        if full > 3.0:
+            failing += 1
+            stopped_failing += at is not None and at < n
+    assert stopped_failing > failing // 2
+
+
+def test_stopped_requests_are_counted_in_the_probe():
+    from traffic.request import STOPPED
+
+    recs = records_with_e2e(1.0, n=4)
+    recs[3].finished_at, recs[3].ok, recs[3].error = None, False, STOPPED + "decided"
+    result = find_capacity(lambda load: recs, 1, 1)
+    assert (result.probes[0].failed, result.probes[0].stopped) == (1, 1) and result.value == 0

@@ -88,3 +88,40 @@ def test_engine_failure_keeps_finished_records_and_marks_the_rest():
     failed = [r for r in seen if not r.ok]
     assert done and failed and len(done) + len(failed) == 8
     assert all("device lost" in r.error for r in failed)
+
+
+def test_a_stop_from_on_record_aborts_the_rest_and_leaves_the_engine_clean(engine):
+    from traffic.replay import StopReplay
+
+    seen = []
+
+    def on_record(rec):
+        seen.append(rec.id)
+        if len(seen) == 3:
+            raise StopReplay("decided")
+
+    free_before = engine.block_manager.num_free_blocks
+    records = InProcessDriver(engine, params, on_record=on_record).replay(reqs(12, out=20), QUIET, Pacing("closed", 3))
+    ok = [r for r in records if r.ok]
+    stopped = [r for r in records if not r.ok]
+    assert len(ok) >= 3 and stopped and len(ok) + len(stopped) == 12
+    assert all(r.error == "stopped: decided" for r in stopped)
+    assert sorted(seen) == sorted(r.id for r in records)  # every record still reaches on_record once
+    assert not engine.has_unfinished() and engine.block_manager.num_free_blocks == free_before
+    again = InProcessDriver(engine, params).replay(reqs(4), QUIET, Pacing("open"))  # the engine serves on
+    assert all(r.ok and r.output_tokens == 5 for r in again)
+
+
+def test_an_engine_without_abort_is_replayed_to_the_end_despite_a_stop(engine):
+    from traffic.replay import StopReplay
+
+    class NoAbort:  # what the driver needs, and no abort_request
+        def __init__(self, e):
+            self.add_request, self.step, self.has_unfinished, self.next_deadline = (
+                e.add_request, e.step, e.has_unfinished, e.next_deadline)
+
+    def on_record(rec):
+        raise StopReplay("decided")
+
+    records = InProcessDriver(NoAbort(engine), params, on_record=on_record).replay(reqs(5), QUIET, Pacing("open"))
+    assert all(r.ok for r in records)

@@ -18,12 +18,13 @@ largest load seen to pass. Short replays are noisy near the threshold: more requ
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import asdict, dataclass, field, replace
 from typing import Callable
 
 from traffic.arrivals import poisson_arrivals
 from traffic.metrics import SLO, percentile
-from traffic.request import Request, RequestRecord
+from traffic.request import STOPPED, Request, RequestRecord
 
 MODES = ("concurrency", "rate")
 
@@ -35,6 +36,8 @@ class Probe:
     ok: bool
     requests: int
     failed: int
+    stopped: int = 0  # of the failed: unfinished when the probe stopped early (stop_when_missed)
+    seconds: float = 0.0  # the probe's wall time
 
 
 @dataclass
@@ -60,6 +63,23 @@ def p99_e2e(records: list[RequestRecord]) -> float:
     return percentile([r.e2e if r.ok and r.e2e is not None else math.inf for r in records], 99)
 
 
+def stop_when_missed(n: int, slo_e2e_s: float) -> Callable[[RequestRecord], None]:
+    """An on_record callback for one probe of n requests: it raises StopReplay once the probe's P99 E2E is
+    above the SLO whatever the requests still out do, i.e. with each of them counted as served in no time
+    (the percentile rises with every value, so this lower bound only rises as records come in). Only a probe
+    that must fail is stopped: its verdict is the one the whole probe would give, sooner."""
+    from traffic.replay import StopReplay
+
+    seen: list[float] = []
+
+    def on_record(rec: RequestRecord) -> None:
+        seen.append(rec.e2e if rec.ok and rec.e2e is not None else math.inf)
+        if len(seen) < n and percentile(seen + [0.0] * (n - len(seen)), 99) > slo_e2e_s:
+            raise StopReplay(f"P99 E2E above the {slo_e2e_s:g} s SLO whatever the last {n - len(seen)} of "
+                             f"{n} requests do")
+    return on_record
+
+
 def find_capacity(run_replay: Callable[[float], list[RequestRecord]], lo: float, hi: float,
                   slo: SLO | None = None, mode: str = "concurrency", iters: int = 6,
                   tolerance: float | None = None) -> CapacityResult:
@@ -74,10 +94,13 @@ def find_capacity(run_replay: Callable[[float], list[RequestRecord]], lo: float,
     result = CapacityResult(mode, 0.0, slo.e2e_s)
 
     def probe(load: float) -> bool:
+        t0 = time.perf_counter()
         records = run_replay(load)
+        seconds = round(time.perf_counter() - t0, 3)
         p99 = p99_e2e(records)
         ok = p99 <= slo.e2e_s
-        result.probes.append(Probe(load, p99, ok, len(records), sum(not r.ok for r in records)))
+        result.probes.append(Probe(load, p99, ok, len(records), sum(not r.ok for r in records),
+                                   sum(bool(r.error and r.error.startswith(STOPPED)) for r in records), seconds))
         return ok
 
     if not probe(lo):
@@ -127,7 +150,10 @@ def requests_at(requests: list[Request], n: int, load: float, mode: str, seed: i
 
 
 def capacity_metrics(result: CapacityResult) -> dict[str, float]:
-    """The `capacity/*` metrics: the answer under its mode's name, the SLO it was held to, the probe count."""
+    """The `capacity/*` metrics: the answer under its mode's name, the SLO it was held to, the probes (how
+    many, how many stopped early, their wall time in all)."""
     name = "capacity/max_concurrency" if result.mode == "concurrency" else "capacity/max_rate_req_s"
     return {name: float(result.value), "capacity/slo_e2e_s": result.slo_e2e_s,
-            "capacity/probes": float(len(result.probes)), "capacity/at_hi": float(result.at_hi)}
+            "capacity/probes": float(len(result.probes)), "capacity/at_hi": float(result.at_hi),
+            "capacity/search_s": sum(p.seconds for p in result.probes),
+            "capacity/probes_stopped_early": float(sum(p.stopped > 0 for p in result.probes))}

@@ -18,7 +18,7 @@ from tqdm import tqdm
 
 from traffic.metrics import lateness_warning
 from traffic.replay_config import Pacing, ReplayConfig
-from traffic.request import Request, RequestRecord
+from traffic.request import STOPPED, Request, RequestRecord
 
 log = logging.getLogger(__name__)
 
@@ -30,6 +30,12 @@ class StepEngine(Protocol):
     def step(self) -> list: ...
     def has_unfinished(self) -> bool: ...
     def next_deadline(self) -> float | None: ...
+
+
+class StopReplay(Exception):
+    """Raised by an on_record callback: the replay's outcome is decided, stop it now. The in-process driver
+    aborts the requests still in flight (the engine's abort_request) and returns every unfinished one failed,
+    its error "stopped: <reason>"; an engine without abort_request is replayed to the end instead."""
 
 
 class InProcessDriver:
@@ -47,6 +53,7 @@ class InProcessDriver:
         self.bar = tqdm(total=len(requests), desc="replay", unit="req", disable=not cfg.progress)
         self._pending = deque(requests)
         self._closed, self._stop = pacing.mode == "closed", False
+        self._stopped: str | None = None  # why on_record stopped the replay
         if pacing.mode == "open":
             threading.Thread(target=self._send_open_loop, args=(list(requests),), daemon=True).start()
         else:
@@ -54,6 +61,8 @@ class InProcessDriver:
                 self._send_now(self._pending.popleft())
         try:
             self._loop(len(requests))
+            if self._stopped is not None:
+                self._abort_unfinished()
         except BaseException as e:  # keep what was done; the rest becomes counted errors
             self._fail_open(f"engine failed mid-replay: {e!r}")
             raise
@@ -87,7 +96,7 @@ class InProcessDriver:
     # --- the engine loop ---
     def _loop(self, total: int) -> None:
         done = 0
-        while done < total:
+        while done < total and self._stopped is None:
             timeout = None
             if self.engine.has_unfinished():
                 events = self.engine.step()
@@ -137,10 +146,32 @@ class InProcessDriver:
 
     def _finish(self, rec: RequestRecord, ok: bool, error: str | None = None) -> None:
         rec.ok, rec.error = ok, error
-        self.on_record(rec)
+        try:
+            self.on_record(rec)
+        except StopReplay as e:
+            if self._stopped is None and hasattr(self.engine, "abort_request"):
+                self._stopped, self._stop = str(e), True
         self.bar.update(1)
         if self._closed and self._pending and not self._stop:
             self._send_now(self._pending.popleft())
+
+    def _abort_unfinished(self) -> None:
+        """After a StopReplay: the engine forgets every unfinished request (its KV blocks freed), what was
+        sent but not yet admitted is dropped, and their records fail with the reason."""
+        while True:
+            try:
+                self.inbox.get_nowait()
+            except queue.Empty:
+                break
+        for rec in self.records.values():
+            if rec.finished_at is None and rec.error is None and not rec.ok:
+                self.engine.abort_request(rec.id)
+                rec.ok, rec.error = False, STOPPED + self._stopped
+                try:
+                    self.on_record(rec)
+                except StopReplay:
+                    pass
+        log.info("replay stopped early: %s", self._stopped)
 
     def _fail_open(self, why: str) -> None:
         for rec in self.records.values():

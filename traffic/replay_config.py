@@ -34,6 +34,9 @@ class ReplayConfig:
     capacity_hi: float = 64.0
     capacity_iters: int = 6  # bisection probes after lo and hi
     capacity_requests: int = 32  # per probe, the workload's first requests (cycled if fewer)
+    # in process: a probe stops once its P99 E2E can no longer meet the SLO (the requests still to finish
+    # counted as instantly served), its unfinished requests aborted and counted failed; its verdict is unchanged
+    capacity_stop_early: bool = True
     # after the main replay, the same requests at each load: time scales (arrival=trace), rates in req/s
     # (poisson, gamma) or concurrencies (closed); traffic/load_levels.py
     load_levels: list[float] = field(default_factory=list)

@@ -34,6 +34,9 @@ class Request:
         return len(self.prompt_token_ids)
 
 
+STOPPED = "stopped: "  # a RequestRecord.error's prefix: the replay was stopped before it finished (traffic/replay.py)
+
+
 @dataclass
 class RequestRecord:
     """What one request did. Filled by a driver as tokens arrive; appended to requests.jsonl at the end."""
