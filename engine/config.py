@@ -124,7 +124,7 @@ class EngineConfig:
     block_size: int = 16
     # piecewise_graphs: steps of up to this many tokens (and max_num_batched_tokens) replay their pieces; 256:
     # on the H200 (8B shape) fused pieces took 0.44-0.85x the eager fused step up to 164 tokens and 1.0-1.07x
-    # from 266 up (benchmarks/results/gpu_piecewise_h200_v2.md): larger steps are GPU-bound, not launch-bound
+    # from 266 up (benchmarks/results/gpu_piecewise_h200_v2.md): larger steps are not launch-bound
     piecewise_max_tokens: int = 256
     # --- the optimizations: each one switch, off by default ---
     paged_kv: bool = False

@@ -176,8 +176,9 @@ def _capacity(conf, backend, requests, run_dir: Path) -> dict[str, float]:
     closed = rc.capacity_mode == "concurrency"
 
     quiet = replace(rc, progress=False)
-    # only the in-process driver can stop a probe (it aborts the engine's requests); over HTTP they run whole
-    stop_early = rc.capacity_stop_early and backend.name in ("reference", "hf") and rc.driver == "inprocess"
+    # only the reference engine in process can stop a probe (the driver aborts its requests); over HTTP and on
+    # engine=hf (no abort) probes run whole
+    stop_early = rc.capacity_stop_early and backend.name == "reference" and rc.driver == "inprocess"
 
     def run_at(load: float) -> list[RequestRecord]:
         reqs = requests_at(requests, rc.capacity_requests, load, rc.capacity_mode, conf.seed)

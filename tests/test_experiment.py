@@ -122,3 +122,20 @@ def test_prompt_longer_than_max_model_len_is_rejected_and_counted(tmp_path):
     # the workload fits requests to max_model_len (counted as changed lengths), nothing is truncated silently
     assert result.metrics["traffic/changed_lengths"] == 6  # every one: at least 62 + 4 tokens for 64
     assert all(r.input_tokens + r.requested_output_tokens <= 64 and r.ok for r in result.records)
+
+
+@pytest.mark.parametrize("stop_early", [True, False])
+def test_capacity_search_through_the_run_stops_a_probe_that_must_fail(tmp_path, stop_early):
+    # an SLO no request can meet: the probe at concurrency 1 fails; stopped after its first request (a failure
+    # of one request in 8 already puts P99 over the SLO) unless replay.capacity_stop_early=false
+    cfg = compose_config(["tracking.enabled=false", "replay.capacity=true", "replay.capacity_requests=8",
+                          "slo.e2e_s=0.0001", f"replay.capacity_stop_early={str(stop_early).lower()}"])
+    result = run_experiment(cfg, tmp_path / "out")
+    cap = json.loads((tmp_path / "out" / "capacity.json").read_text())
+    assert cap["value"] == 0 and len(cap["probes"]) == 1
+    probe = cap["probes"][0]
+    assert probe["requests"] == 8 and probe["seconds"] > 0 and probe["ok"] is False
+    assert probe["failed"] == probe["stopped"] == (7 if stop_early else 0)  # the stopped ones count as failed
+    assert result.metrics["capacity/max_concurrency"] == 0
+    assert result.metrics["capacity/probes_stopped_early"] == float(stop_early)
+    assert result.metrics["capacity/search_s"] == pytest.approx(probe["seconds"])

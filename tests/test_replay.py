@@ -1,4 +1,6 @@
 """The in-process driver on the tiny model: timing fidelity, closed-loop concurrency, rejection, failure."""
+import time
+
 import pytest
 
 from engine.config import EngineConfig, ModelConfig
@@ -125,3 +127,38 @@ def test_an_engine_without_abort_is_replayed_to_the_end_despite_a_stop(engine):
 
     records = InProcessDriver(NoAbort(engine), params, on_record=on_record).replay(reqs(5), QUIET, Pacing("open"))
     assert all(r.ok for r in records)
+
+
+def test_an_engine_failure_under_a_stopping_callback_is_still_the_error_raised():
+    # stop_when_missed raises at the first failed record; while the driver reports the engine's failure that
+    # must neither replace the engine's error nor leave records unreported
+    from traffic.capacity import stop_when_missed
+
+    eng = DiesAfter(TINY, EngineConfig(kv_cache_gb=0.02, max_model_len=256, dynamic_batching=True))
+    seen = []
+    stop = stop_when_missed(8, 3.0)
+
+    def on_record(rec):
+        seen.append(rec)
+        stop(rec)
+
+    rs = [Request(r.id, r.prompt_token_ids, 2 if i == 0 else 24, r.scheduled_at) for i, r in enumerate(reqs(8))]
+    with pytest.raises(RuntimeError, match="device lost"):
+        InProcessDriver(eng, params, on_record=on_record).replay(rs, QUIET, Pacing("open"))
+    assert len(seen) == 8 and all(r.ok or "device lost" in r.error for r in seen)
+
+
+def test_an_open_loop_replay_stops_too_and_unsent_requests_fail(engine):
+    from traffic.replay import StopReplay
+
+    def on_record(rec):
+        raise StopReplay("decided")
+
+    free_before = engine.block_manager.num_free_blocks
+    # the first request is due at once, the rest seconds later: the stop comes before they are sent
+    rs = [Request(r.id, r.prompt_token_ids, r.output_len, 0.0 if i == 0 else 5.0 + i) for i, r in enumerate(reqs(6))]
+    t0 = time.monotonic()
+    records = InProcessDriver(engine, params, on_record=on_record).replay(rs, QUIET, Pacing("open"))
+    assert time.monotonic() - t0 < 5.0  # it did not wait for the schedule
+    assert records[0].ok and all(r.error == "stopped: decided" and r.sent_at is None for r in records[1:])
+    assert not engine.has_unfinished() and engine.block_manager.num_free_blocks == free_before

@@ -146,14 +146,19 @@ class InProcessDriver:
 
     def _finish(self, rec: RequestRecord, ok: bool, error: str | None = None) -> None:
         rec.ok, rec.error = ok, error
+        self._emit(rec)
+        self.bar.update(1)
+        if self._closed and self._pending and not self._stop:
+            self._send_now(self._pending.popleft())
+
+    def _emit(self, rec: RequestRecord) -> None:
+        """on_record, once per record; a StopReplay from it stops the replay (the first one, where the engine
+        can abort) and never escapes, so a failure being reported stays the error that is raised."""
         try:
             self.on_record(rec)
         except StopReplay as e:
             if self._stopped is None and hasattr(self.engine, "abort_request"):
                 self._stopped, self._stop = str(e), True
-        self.bar.update(1)
-        if self._closed and self._pending and not self._stop:
-            self._send_now(self._pending.popleft())
 
     def _abort_unfinished(self) -> None:
         """After a StopReplay: the engine forgets every unfinished request (its KV blocks freed), what was
@@ -167,14 +172,12 @@ class InProcessDriver:
             if rec.finished_at is None and rec.error is None and not rec.ok:
                 self.engine.abort_request(rec.id)
                 rec.ok, rec.error = False, STOPPED + self._stopped
-                try:
-                    self.on_record(rec)
-                except StopReplay:
-                    pass
+                self._emit(rec)
+                self.bar.update(1)
         log.info("replay stopped early: %s", self._stopped)
 
     def _fail_open(self, why: str) -> None:
         for rec in self.records.values():
             if not rec.ok and rec.error is None and rec.finished_at is None:
                 rec.error = why
-                self.on_record(rec)
+                self._emit(rec)
