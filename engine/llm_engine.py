@@ -149,6 +149,8 @@ class LLMEngine:
         if seq is None:
             return False
         self.runner.release(seq)
+        if self.speculator is not None:
+            self.speculator.release(seq)
         return True
 
     def has_unfinished(self) -> bool:

@@ -76,3 +76,19 @@ def test_engine_abort_request_mid_decode(paged):
             seen[ev.request_id] = ev.num_output_tokens
     assert seen["r0"] == seen["r2"] == 30 and seen["r1"] < 30
     assert engine.block_manager.all_free()
+
+
+def test_abort_request_drops_the_speculators_state_of_the_sequence():
+    from engine.config import SpeculativeConfig
+
+    engine = LLMEngine(TINY, EngineConfig(device="cpu", max_model_len=256, kv_cache_gb=0.05, paged_kv=True,
+                                          dynamic_batching=True, speculative=SpeculativeConfig("ngram")))
+    for i in range(2):
+        engine.add_request(f"r{i}", [100, 101, 102] * 7, SamplingParams(max_tokens=30))
+    for _ in range(4):
+        engine.step()
+    index = engine.speculator.proposer.index
+    ids = {s.request_id: s.seq_id for s in engine.scheduler.running}
+    assert ids["r1"] in index  # the n-gram index of a sequence that drafted
+    assert engine.abort_request("r1")
+    assert ids["r1"] not in index and ids["r0"] in index
