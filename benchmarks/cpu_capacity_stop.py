@@ -6,7 +6,7 @@ differ where a probe near the threshold is noisy (a load that passes in one roun
 
     .venv/bin/python benchmarks/cpu_capacity_stop.py [--model smollm2_135m] [--slo 1.0] [--rounds 2]
 
-The workload: the first requests of the default workload's trace and prompts (exact token counts), 32 a probe,
+The workload: random prompts of 16-199 tokens and outputs of 8-95 (exact lengths), 64 a probe (--requests),
 closed loop between concurrency 1 and 64 (run.py's defaults).
 """
 from __future__ import annotations
@@ -39,7 +39,7 @@ def main() -> None:
     ap.add_argument("--model", default="tiny")
     ap.add_argument("--slo", type=float, default=1.0, help="P99 E2E SLO, seconds")
     ap.add_argument("--rounds", type=int, default=2)
-    ap.add_argument("--requests", type=int, default=32)
+    ap.add_argument("--requests", type=int, default=64, help="a probe's requests (at least 64, the top concurrency)")
     ap.add_argument("--out", type=Path, default=None, help="write the rounds as JSON here")
     args = ap.parse_args()
     torch.manual_seed(0)
@@ -47,7 +47,7 @@ def main() -> None:
     engine = LLMEngine(mcfg, EngineConfig(max_model_len=1024, kv_cache_gb=0.5, paged_kv=True, dynamic_batching=True,
                                           max_num_seqs=64))
     g = torch.Generator().manual_seed(1)
-    # lengths as a chat trace has them: most short, a few long
+    # random prompts and outputs of exact lengths (ignore_eos)
     base = [Request(f"r{i}", torch.randint(100, 1000, (int(n),), generator=g).tolist(), int(o))
             for i, (n, o) in enumerate(zip(torch.randint(16, 200, (args.requests,), generator=g),
                                            torch.randint(8, 96, (args.requests,), generator=g)))]

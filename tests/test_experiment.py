@@ -128,7 +128,7 @@ def test_prompt_longer_than_max_model_len_is_rejected_and_counted(tmp_path):
 def test_capacity_search_through_the_run_stops_a_probe_that_must_fail(tmp_path, stop_early):
     # an SLO no request can meet: the probe at concurrency 1 fails; stopped after its first request (a failure
     # of one request in 8 already puts P99 over the SLO) unless replay.capacity_stop_early=false
-    cfg = compose_config(["tracking.enabled=false", "replay.capacity=true", "replay.capacity_requests=8",
+    cfg = compose_config(["tracking.enabled=false", "replay.capacity=true", "replay.capacity_requests=8", "replay.capacity_hi=8",
                           "slo.e2e_s=0.0001", f"replay.capacity_stop_early={str(stop_early).lower()}"])
     result = run_experiment(cfg, tmp_path / "out")
     cap = json.loads((tmp_path / "out" / "capacity.json").read_text())

@@ -16,6 +16,7 @@ from traffic.replay_config import Pacing, ReplayConfig
     ({"warmup_requests": -1}, "replay.warmup_requests must be >= 0, got -1"),
     ({"max_users": 0}, "replay.max_users must be >= 1, got 0"),
     ({"capacity_requests": 0}, "replay.capacity_requests must be >= 1, got 0"),
+    ({"capacity_requests": 32}, "replay.capacity_requests=32 is below replay.capacity_hi=64: a closed-loop probe"),
     ({"request_timeout_s": 0}, "replay.request_timeout_s must be > 0, got 0"),
     ({"capacity_lo": 0}, "capacity needs 0 < lo <= hi, got lo=0, hi=64.0"),
     ({"capacity_hi": 0.5}, "capacity needs 0 < lo <= hi, got lo=1.0, hi=0.5"),
@@ -29,7 +30,7 @@ def test_bad_replay_settings_name_the_key_the_value_and_the_valid_ones(kwargs, m
 
 def test_the_edges_are_allowed():
     ReplayConfig(warmup_requests=0, max_users=1, capacity_requests=1, request_timeout_s=0.5, capacity_iters=0,
-                 capacity_lo=2.0, capacity_hi=2.0)
+                 capacity_lo=1.0, capacity_hi=1.0)
     ReplayConfig(capacity_mode="rate", capacity_lo=0.5, capacity_hi=0.75)
     assert Pacing("closed", 1).concurrency == 1
 

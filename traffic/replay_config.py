@@ -33,7 +33,9 @@ class ReplayConfig:
     capacity_lo: float = 1.0
     capacity_hi: float = 64.0
     capacity_iters: int = 6  # bisection probes after lo and hi
-    capacity_requests: int = 32  # per probe, the workload's first requests (cycled if fewer)
+    # per probe, the workload's first requests (cycled if fewer); with capacity_mode=concurrency at least
+    # capacity_hi, or a probe could never hold its concurrency in flight
+    capacity_requests: int = 64
     # in process: a probe stops once its P99 E2E can no longer meet the SLO (the requests still to finish
     # counted as instantly served), its unfinished requests aborted and counted failed; its verdict is unchanged
     capacity_stop_early: bool = True
@@ -51,6 +53,11 @@ class ReplayConfig:
         if not self.request_timeout_s > 0:
             raise ValueError(f"replay.request_timeout_s must be > 0, got {self.request_timeout_s}")
         validate_search(self.capacity_lo, self.capacity_hi, self.capacity_mode, self.capacity_iters)
+        if self.capacity_mode == "concurrency" and self.capacity_requests < self.capacity_hi:
+            raise ValueError(f"replay.capacity_requests={self.capacity_requests} is below replay.capacity_hi="
+                             f"{self.capacity_hi:g}: a closed-loop probe of {self.capacity_requests} requests never "
+                             f"has more than {self.capacity_requests} in flight, so higher concurrencies would "
+                             "probe the same load; raise capacity_requests or lower capacity_hi")
         validate_levels(list(self.load_levels), "poisson")  # the arrival-specific check runs with the workload
 
 
