@@ -39,7 +39,7 @@ def main() -> None:
     ap.add_argument("--model", default="tiny")
     ap.add_argument("--slo", type=float, default=1.0, help="P99 E2E SLO, seconds")
     ap.add_argument("--rounds", type=int, default=2)
-    ap.add_argument("--requests", type=int, default=64, help="a probe's requests (at least 64, the top concurrency)")
+    ap.add_argument("--requests", type=int, default=64, help="a probe's requests (64, the top concurrency; fewer repeat the top loads)")
     ap.add_argument("--out", type=Path, default=None, help="write the rounds as JSON here")
     args = ap.parse_args()
     torch.manual_seed(0)

@@ -1,6 +1,4 @@
 """The in-process driver on the tiny model: timing fidelity, closed-loop concurrency, rejection, failure."""
-import time
-
 import pytest
 
 from engine.config import EngineConfig, ModelConfig
@@ -157,8 +155,6 @@ def test_an_open_loop_replay_stops_too_and_unsent_requests_fail(engine):
     free_before = engine.block_manager.num_free_blocks
     # the first request is due at once, the rest seconds later: the stop comes before they are sent
     rs = [Request(r.id, r.prompt_token_ids, r.output_len, 0.0 if i == 0 else 5.0 + i) for i, r in enumerate(reqs(6))]
-    t0 = time.monotonic()
     records = InProcessDriver(engine, params, on_record=on_record).replay(rs, QUIET, Pacing("open"))
-    assert time.monotonic() - t0 < 5.0  # it did not wait for the schedule
     assert records[0].ok and all(r.error == "stopped: decided" and r.sent_at is None for r in records[1:])
     assert not engine.has_unfinished() and engine.block_manager.num_free_blocks == free_before

@@ -32,6 +32,7 @@ def test_the_edges_are_allowed():
     ReplayConfig(warmup_requests=0, max_users=1, capacity_requests=1, request_timeout_s=0.5, capacity_iters=0,
                  capacity_lo=1.0, capacity_hi=1.0)
     ReplayConfig(capacity_mode="rate", capacity_lo=0.5, capacity_hi=0.75)
+    ReplayConfig(capacity_mode="rate", capacity_requests=1, capacity_hi=100)  # a rate needs no number of requests
     assert Pacing("closed", 1).concurrency == 1
 
 

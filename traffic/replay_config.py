@@ -34,7 +34,7 @@ class ReplayConfig:
     capacity_hi: float = 64.0
     capacity_iters: int = 6  # bisection probes after lo and hi
     # per probe, the workload's first requests (cycled if fewer); with capacity_mode=concurrency at least
-    # capacity_hi, or a probe could never hold its concurrency in flight
+    # capacity_hi, or a probe could never reach its concurrency (loads above it would be the same load)
     capacity_requests: int = 64
     # in process: a probe stops once its P99 E2E can no longer meet the SLO (the requests still to finish
     # counted as instantly served), its unfinished requests aborted and counted failed; its verdict is unchanged
