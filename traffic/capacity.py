@@ -24,7 +24,7 @@ from typing import Callable
 
 from traffic.arrivals import poisson_arrivals
 from traffic.metrics import SLO, percentile
-from traffic.request import STOPPED, Request, RequestRecord
+from traffic.request import STOPPED, Request, RequestRecord, StopReplay
 
 MODES = ("concurrency", "rate")
 
@@ -68,8 +68,6 @@ def stop_when_missed(n: int, slo_e2e_s: float) -> Callable[[RequestRecord], None
     above the SLO whatever the requests still out do, i.e. with each of them counted as served in no time
     (the percentile rises with every value, so this lower bound only rises as records come in). Only a probe
     that must fail is stopped: its verdict is the one the whole probe would give, sooner."""
-    from traffic.replay import StopReplay
-
     seen: list[float] = []
 
     def on_record(rec: RequestRecord) -> None:

@@ -18,7 +18,7 @@ from tqdm import tqdm
 
 from traffic.metrics import lateness_warning
 from traffic.replay_config import Pacing, ReplayConfig
-from traffic.request import STOPPED, Request, RequestRecord
+from traffic.request import STOPPED, Request, RequestRecord, StopReplay
 
 log = logging.getLogger(__name__)
 
@@ -30,12 +30,6 @@ class StepEngine(Protocol):
     def step(self) -> list: ...
     def has_unfinished(self) -> bool: ...
     def next_deadline(self) -> float | None: ...
-
-
-class StopReplay(Exception):
-    """Raised by an on_record callback: the replay's outcome is decided, stop it now. The in-process driver
-    aborts the requests still in flight (the engine's abort_request) and returns every unfinished one failed,
-    its error "stopped: <reason>"; an engine without abort_request is replayed to the end instead."""
 
 
 class InProcessDriver:

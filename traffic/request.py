@@ -34,6 +34,12 @@ class Request:
         return len(self.prompt_token_ids)
 
 
+class StopReplay(Exception):
+    """Raised by an on_record callback: the replay's outcome is decided, stop it now. The in-process driver
+    aborts the requests still in flight (the engine's abort_request) and returns every unfinished one failed,
+    its error "stopped: <reason>"; an engine without abort_request is replayed to the end instead."""
+
+
 STOPPED = "stopped: "  # a RequestRecord.error's prefix: the replay was stopped before it finished (traffic/replay.py)
 
 
