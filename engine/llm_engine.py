@@ -3,9 +3,9 @@
 The engine's switches are read here, once each, and handed down as what they decide: paged_kv as the KV
 layout, flash_attn as the attention backend, cuda_graphs / fused_kernels / skinny_gemm as the decode step's
 graphs and kernels, piecewise_graphs as the prompt steps' graphs, prefix_cache to the block manager,
-batched_decode to the detokenizer, quant_int8 / quant_fp8 as the weights' quantization (engine/quant.py), kv_fp8 as the KV layout's format, speculative to
-a Speculator (drafts and their acceptance) and the scheduler's draft slots. The scheduler takes the config
-itself and reads dynamic_batching and chunked_prefill (engine/scheduler.py).
+batched_decode to the detokenizer, quant_int8 / quant_fp8 as the weights' quantization (engine/quant.py), kv_fp8
+as the KV layout's format, speculative to a Speculator (drafts and their acceptance) and the scheduler's draft
+slots. The scheduler takes the config itself and reads dynamic_batching and chunked_prefill (engine/scheduler.py).
 """
 from __future__ import annotations
 

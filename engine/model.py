@@ -218,8 +218,8 @@ class LlamaModel(nn.Module):
         the skinny GEMM. Shared by forward and the piecewise steps (engine/piecewise.py)."""
         if not fused:
             return self.lm_head(self.norm(x[logits_indices])).float()
-        fused, decode_linear = _fused_kernels()
-        x = fused.add_rmsnorm(x, residual, self.norm.weight, self.norm.eps)[0][logits_indices]
+        kernels, decode_linear = _fused_kernels()
+        x = kernels.add_rmsnorm(x, residual, self.norm.weight, self.norm.eps)[0][logits_indices]
         return (decode_linear(x, self.lm_head.weight) if skinny else self.lm_head(x)).float()
 
     def load_hf_state_dict(self, sd: dict[str, torch.Tensor]) -> None:

@@ -188,7 +188,8 @@ def _capacity(conf, backend, requests, run_dir: Path) -> dict[str, float]:
 
     result = find_capacity(run_at, rc.capacity_lo, rc.capacity_hi, conf.slo, rc.capacity_mode, rc.capacity_iters)
     (run_dir / "capacity.json").write_text(json.dumps(result.to_dict(), indent=2))
+    metrics = capacity_metrics(result)
     log.info("capacity: %s = %s at P99 E2E <= %.1f s (%d probes, %.0f s; %d stopped early)%s", rc.capacity_mode,
-             result.value, result.slo_e2e_s, len(result.probes), sum(p.seconds for p in result.probes),
-             sum(p.stopped > 0 for p in result.probes), "; hi passed, raise replay.capacity_hi" if result.at_hi else "")
-    return capacity_metrics(result)
+             result.value, result.slo_e2e_s, len(result.probes), metrics["capacity/search_s"],
+             metrics["capacity/probes_stopped_early"], "; hi passed, raise replay.capacity_hi" if result.at_hi else "")
+    return metrics

@@ -56,11 +56,15 @@ class CapacityResult:
         return d
 
 
+def _e2e_or_inf(r: RequestRecord) -> float:
+    return r.e2e if r.ok and r.e2e is not None else math.inf
+
+
 def p99_e2e(records: list[RequestRecord]) -> float:
     """P99 of E2E in seconds, failed requests counted as infinitely slow."""
     if not records:
         return math.inf
-    return percentile([r.e2e if r.ok and r.e2e is not None else math.inf for r in records], 99)
+    return percentile([_e2e_or_inf(r) for r in records], 99)
 
 
 def stop_when_missed(n: int, slo_e2e_s: float) -> Callable[[RequestRecord], None]:
@@ -71,7 +75,7 @@ def stop_when_missed(n: int, slo_e2e_s: float) -> Callable[[RequestRecord], None
     seen: list[float] = []
 
     def on_record(rec: RequestRecord) -> None:
-        seen.append(rec.e2e if rec.ok and rec.e2e is not None else math.inf)
+        seen.append(_e2e_or_inf(rec))
         if len(seen) < n and percentile(seen + [0.0] * (n - len(seen)), 99) > slo_e2e_s:
             raise StopReplay(f"P99 E2E above the {slo_e2e_s:g} s SLO whatever the last {n - len(seen)} of "
                              f"{n} requests do")

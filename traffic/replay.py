@@ -162,16 +162,18 @@ class InProcessDriver:
                 self.inbox.get_nowait()
             except queue.Empty:
                 break
-        for rec in self.records.values():
-            if rec.finished_at is None and rec.error is None and not rec.ok:
-                self.engine.abort_request(rec.id)
-                rec.ok, rec.error = False, STOPPED + self._stopped
-                self._emit(rec)
-                self.bar.update(1)
+        for rec in self._unfinished():
+            self.engine.abort_request(rec.id)
+            rec.ok, rec.error = False, STOPPED + self._stopped
+            self._emit(rec)
+            self.bar.update(1)
         log.info("replay stopped early: %s", self._stopped)
 
+    def _unfinished(self) -> list[RequestRecord]:
+        """Records still open: not finished, not failed (rejected ones carry their error)."""
+        return [r for r in self.records.values() if not r.ok and r.error is None and r.finished_at is None]
+
     def _fail_open(self, why: str) -> None:
-        for rec in self.records.values():
-            if not rec.ok and rec.error is None and rec.finished_at is None:
-                rec.error = why
-                self._emit(rec)
+        for rec in self._unfinished():
+            rec.error = why
+            self._emit(rec)
