@@ -10,9 +10,11 @@
 # both arms get them: vLLM maps them onto FLASH_ATTN, cudagraph_mode FULL_AND_PIECEWISE (cuda_graphs with
 # piecewise_graphs; FULL_DECODE_ONLY with cuda_graphs alone) and chunked prefill (with them only in the control,
 # vLLM would run its Triton attention without graphs nor chunked prefill). The default OPTS include
-# piecewise_graphs, so vLLM runs its default graph mode; the reference engine then runs its pieces too, which
-# its first version ran slower than eagerly (benchmarks/results/gpu_piecewise_h200.md): OPTS without it
-# compares the engines' best configurations instead.
+# piecewise_graphs, so vLLM runs its default graph mode (the reference engine's pieces are level with its eager
+# mixed steps: benchmarks/results/gpu_piecewise_h200_v2.md), and fused_kernels (vLLM: always on), without which
+# the reference engine's graphs capture its eager layer: the first run on the H200 lacked it and its decode
+# steps took 9.6 ms (benchmarks/results/gpu_ab_vllm_h200/). skinny_gemm cannot be given to both (vLLM has no
+# switch for its GEMMs: refused); it changes little above batch 1 (benchmarks/results/gpu_h200.md).
 # The weights of the two arms are different random draws: their outputs and the quality / teacher-forced
 # gates compare nothing (the verdict's quality side fails or is inconclusive); the latency metrics are the point.
 #
@@ -30,8 +32,8 @@
 #   pip download --no-deps -d .stage/mei mlflow-export-import==1.2.0   # the runs' way home (0.1 MiB)
 #   PY=.venv/bin/python bash benchmarks/gpu_ab_vllm.sh check   # both arms composed as run.py will, vLLM's command printed (CPU, 10 s)
 # Device calls (kind nvidia-h200), back to back (/tmp survives only while the machine stays warm, ~30 s idle);
-# each carries at most 64 MiB with the working tree (tracked files: ~4.2 MiB since the 8B ladder's 18 MB
-# ladder-state.tgz left the tree):
+# each carries at most 64 MiB with the working tree (tracked files: ~16 MiB since the GPU results of 2026-12-02;
+# `git ls-files -z | xargs -0 du -cb | tail -1`):
 #   1  bash benchmarks/gpu_ab_vllm.sh stage   carry: .vllm-gpu/c1 .vllm-gpu/assemble.sh            (60.7 MiB)
 #   2  bash benchmarks/gpu_ab_vllm.sh stage   carry: .vllm-gpu/c2 .vllm-gpu/manifest.tsv .vllm-gpu/assemble.sh
 #                                                    .vllm-serve-wheels                               (62.8 MiB)
@@ -39,11 +41,14 @@
 #   3  bash benchmarks/gpu_ab_vllm.sh start   carry: wheelhouse .gpu-data .stage/mei                  (42.5 MiB)
 #      (installs ours, checks both arms' configs, starts run.py detached, returns WAIT_S after its start)
 #   4… bash benchmarks/gpu_ab_vllm.sh wait    carry: nothing more (exit 124 while it still runs: call again)
-# With the ladder archive still in the tree call 1 is 70.8 MiB: repack the bundle here into smaller chunks
+# With the tree above ~8 MiB, build.sh's 56 MiB first chunk no longer fits: repack the bundle here into smaller
+# chunks
 #   rm -rf .vllm-gpu/c[0-9]* && python3 ../shared/tools/vllm-gpu/pack.py /tmp/vllm-bundle-0.26.0/files .vllm-gpu 46
-# (the files build.sh left in /tmp; else build.sh again with CAP_MIB=46) and send the serve wheels on their own:
-#   1 stage  carry: .vllm-gpu/c1 .vllm-gpu/assemble.sh              2 stage  carry: .vllm-gpu/c2 .vllm-gpu/manifest.tsv
-#   3 stage  carry: .vllm-serve-wheels .gpu-data .stage/mei         4 start  carry: wheelhouse      5… wait
+# (the files build.sh left in /tmp; else build.sh again with CAP_MIB=46) and send the serve wheels on their own,
+# as the run of 2026-12-02 did (benchmarks/results/gpu_ab_vllm_h200/README.md):
+#   1 stage  carry: .vllm-gpu/c1 .vllm-gpu/assemble.sh
+#   2 stage  carry: .vllm-gpu/c2 .vllm-gpu/manifest.tsv .vllm-gpu/assemble.sh .gpu-data .stage/mei
+#   3 stage  carry: .vllm-serve-wheels                              4 start  carry: wheelhouse      5… wait
 # Every call stages the chunks and manifests it brought into /tmp and installs whatever is complete (vLLM before
 # the serve wheels, whose install checks against it), so the folders may be split over the calls in any order.
 # Each start/wait ends by exporting the MLflow runs so far (experiments/runs_transfer.py) and packing the run
@@ -65,7 +70,7 @@ MODE=${1:-start}
 PY=${PY:-python3}
 TS=${TS:-1}
 N=${N:-500}
-OPTS=${OPTS:-"[paged_kv,flash_attn,dynamic_batching,chunked_prefill,batched_decode,cuda_graphs,piecewise_graphs]"}
+OPTS=${OPTS:-"[paged_kv,flash_attn,dynamic_batching,chunked_prefill,batched_decode,cuda_graphs,piecewise_graphs,fused_kernels]"}
 DEADLINE_S=${DEADLINE_S:-570}  # seconds from this script's start by which everything is packed (a call: 600)
 WAIT_S=${WAIT_S:-$((DEADLINE_S - 90))}
 STATE=${STATE:-/tmp/optladder-ab-vllm}
