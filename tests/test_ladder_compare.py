@@ -1,0 +1,84 @@
+"""experiments/ladder_compare.py on ladders the H200 ran (benchmarks/results/gpu_ladder_h200/): a ladder against
+itself reproduces, against one run with other settings it does not, and a moved metric, verdict or setting is named."""
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from experiments.ladder_compare import main
+from experiments.snapshot import SNAPSHOT_FILE
+
+RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "gpu_ladder_h200"
+SMOLLM2 = RESULTS / "smollm2_ts2_200"
+CAPACITY = RESULTS / "smollm2_capacity_64"
+
+
+def _copy(tmp_path: Path, src: Path = SMOLLM2) -> Path:
+    """ladder.json and the first rung's snapshot: what the comparison reads."""
+    dst = tmp_path / src.name
+    (dst / "rung0-baseline-r0").mkdir(parents=True)
+    shutil.copy(src / "ladder.json", dst)
+    shutil.copy(src / "rung0-baseline-r0" / SNAPSHOT_FILE, dst / "rung0-baseline-r0")
+    return dst
+
+
+def _edit_ladder(path: Path, fn) -> None:
+    ladder = json.loads((path / "ladder.json").read_text())
+    fn(ladder)
+    (path / "ladder.json").write_text(json.dumps(ladder))
+
+
+def test_a_ladder_reproduces_itself(capsys):
+    assert main([str(SMOLLM2), str(SMOLLM2 / "ladder.json")]) == 0
+    out = capsys.readouterr().out
+    assert "verdicts: 7/7 the same" in out and "\nreproduced" in out
+
+
+def test_other_settings_and_verdicts_are_not_a_reproduction(capsys):
+    assert main([str(SMOLLM2), str(CAPACITY)]) == 1
+    out = capsys.readouterr().out
+    assert "workload.num_requests: 200 -> 64" in out and "quality.num_prompts: 200 -> 20" in out
+    assert "rung 2 (flash_attn): verdict inconclusive in A, pass in B" in out
+    assert "rung 6 (cuda_graphs): verdict pass in A, inconclusive in B" in out
+    assert "other requests (requests_digest differs)" in out
+
+
+@pytest.mark.parametrize("factor, reproduced", [(1.1, True), (1.3, False)])
+def test_a_metric_outside_the_noise_band_is_named(tmp_path, capsys, factor, reproduced):
+    copy = _copy(tmp_path)
+
+    def slower(ladder):
+        ladder["rungs"][3]["metrics"]["perf/e2e_ms_p99"] *= factor
+    _edit_ladder(copy, slower)
+    assert main([str(SMOLLM2), str(copy), "--noise-sd", "0.1", "--k", "2"]) == (0 if reproduced else 1)
+    out = capsys.readouterr().out
+    assert ("rung 3 (dynamic_batching): E2E p99 (ms)" in out) is not reproduced
+    # a wider band takes the same move
+    assert main([str(SMOLLM2), str(copy), "--noise-sd", "0.2"]) == 0
+
+
+def test_a_changed_setting_counts_unless_ignored(tmp_path, capsys):
+    copy = _copy(tmp_path)
+    snap = copy / "rung0-baseline-r0" / SNAPSHOT_FILE
+    data = json.loads(snap.read_text())
+    data["resolved_config"]["engine"]["piecewise_max_tokens"] = 256
+    data["resolved_config"]["data"]["root"] = "/elsewhere"  # where the data lives is not a setting
+    snap.write_text(json.dumps(data))
+    assert main([str(SMOLLM2), str(copy)]) == 1
+    out = capsys.readouterr().out
+    assert "engine.piecewise_max_tokens: 2048 -> 256" in out and "the settings differ (engine.piecewise_max_tokens)" in out
+    assert main([str(SMOLLM2), str(copy), "--ignore", "engine.piecewise_max_tokens"]) == 0
+    assert "not counted: data.root" in capsys.readouterr().out
+
+
+def test_what_cannot_be_compared_is_refused(tmp_path, capsys):
+    copy = _copy(tmp_path)
+    _edit_ladder(copy, lambda ladder: ladder["rungs"].pop())
+    assert main([str(SMOLLM2), str(copy)]) == 2
+    assert "other rungs" in capsys.readouterr().err
+    assert main([str(SMOLLM2), str(tmp_path / "nothing")]) == 2
+    assert "no ladder.json there" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main([str(SMOLLM2), str(SMOLLM2), "--noise-sd", "0"])
+    assert "--noise-sd=0.0: must be a positive number" in capsys.readouterr().err
