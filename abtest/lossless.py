@@ -67,3 +67,30 @@ def lossless_check(mode: str, dtypes: tuple[str, str]) -> tuple[str, str]:
         return "teacher_forced", (f"{half[0]} rounds differently with the kernel and the batch: greedy answers "
                                   f"diverge after a near-tie, so they are compared teacher-forced")
     return "exact", f"{dtypes[0]}: the control's exact answers"
+
+
+def opts_in_effect_differ(control: dict[str, Any], candidate: dict[str, Any], control_effective: dict[str, dict],
+                          candidate_effective: dict[str, dict]) -> list[str]:
+    """Opts in effect in one arm and not in the other although both arms' configs set them alike: a difference the
+    A/B did not ask for, which its latency verdict then includes. The case it was written for: an engine A/B whose
+    control is the reference engine without fused_kernels, against vLLM, whose torch.compile fuses whatever the
+    switch says (opts_effective state always_on); on the H200 the control's decode steps took 9.6 ms where the
+    fused ones take ~5 (benchmarks/results/gpu_ab_vllm_h200/). control / candidate: the resolved configs;
+    *_effective: each arm's opts_effective. An opt whose field the configs set differently is the A/B's own
+    question, not reported; an engine that cannot say (on: None, engine=openai) is not either."""
+    asked = set(differences(leaves(control), leaves(candidate)))
+    out = []
+    for opt in sorted(set(control_effective) & set(candidate_effective)):
+        a, b = control_effective[opt].get("on"), candidate_effective[opt].get("on")
+        spec = OPTS.get(opt)
+        if a is None or b is None or bool(a) == bool(b) or spec is None:
+            continue
+        field = f"engine.{spec.field}"
+        if field in asked or any(k.startswith(field + ".") for k in asked):
+            continue
+        on_arm, on_ev = ("candidate", candidate_effective[opt]) if b else ("control", control_effective[opt])
+        state = on_ev.get("state")
+        out.append(f"{opt}: in effect in the {on_arm} only{f' ({state})' if state else ''}, though both arms set "
+                   f"{field}={leaves(control).get(field)}; turn it on in both (+opt={opt}) or read the latency "
+                   "verdict as including it")
+    return out

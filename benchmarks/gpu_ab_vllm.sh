@@ -10,8 +10,9 @@
 # both arms get them: vLLM maps them onto FLASH_ATTN, cudagraph_mode FULL_AND_PIECEWISE (cuda_graphs with
 # piecewise_graphs; FULL_DECODE_ONLY with cuda_graphs alone) and chunked prefill (with them only in the control,
 # vLLM would run its Triton attention without graphs nor chunked prefill). The default OPTS include
-# piecewise_graphs, so vLLM runs its default graph mode (the reference engine's pieces are level with its eager
-# mixed steps: benchmarks/results/gpu_piecewise_h200_v2.md), and fused_kernels (vLLM: always on), without which
+# piecewise_graphs, so vLLM runs its default graph mode (the reference engine's pieces were level with its eager
+# mixed steps at a 2,048-token cap, benchmarks/results/gpu_piecewise_h200_v2.md; the default cap is 256 now, not
+# measured in a replay), and fused_kernels (vLLM: always on), without which
 # the reference engine's graphs capture its eager layer: the first run on the H200 lacked it and its decode
 # steps took 9.6 ms (benchmarks/results/gpu_ab_vllm_h200/). skinny_gemm cannot be given to both (vLLM has no
 # switch for its GEMMs: refused); it changes little above batch 1 (benchmarks/results/gpu_h200.md).
@@ -34,9 +35,10 @@
 # Device calls (kind nvidia-h200), back to back (/tmp survives only while the machine stays warm, ~30 s idle);
 # each carries at most 64 MiB with the working tree (tracked files: ~16 MiB since the GPU results of 2026-12-02;
 # `git ls-files -z | xargs -0 du -cb | tail -1`):
-#   1  bash benchmarks/gpu_ab_vllm.sh stage   carry: .vllm-gpu/c1 .vllm-gpu/assemble.sh            (60.7 MiB)
+#   1  bash benchmarks/gpu_ab_vllm.sh stage   carry: .vllm-gpu/c1 .vllm-gpu/assemble.sh   (56 MiB + the tree)
 #   2  bash benchmarks/gpu_ab_vllm.sh stage   carry: .vllm-gpu/c2 .vllm-gpu/manifest.tsv .vllm-gpu/assemble.sh
-#                                                    .vllm-serve-wheels                               (62.8 MiB)
+#                                                    .vllm-serve-wheels                      (58.6 MiB + the tree)
+#      (these two fitted 64 MiB with a ~4 MiB tree; with today's ~16 MiB use the repacked plan below)
 #      (installs vLLM, then the serve wheels into /tmp/site, then imports vLLM's CLI and OpenAI server: ~2 min)
 #   3  bash benchmarks/gpu_ab_vllm.sh start   carry: wheelhouse .gpu-data .stage/mei                  (42.5 MiB)
 #      (installs ours, checks both arms' configs, starts run.py detached, returns WAIT_S after its start)
@@ -205,7 +207,8 @@ with initialize_config_dir(config_dir=str(Path("conf").resolve()), version_base=
         e = conf.engine
         print(f"{name}: engine={e.name} opts paged_kv={e.paged_kv} flash_attn={e.flash_attn} "
               f"dynamic_batching={e.dynamic_batching} chunked_prefill={e.chunked_prefill} "
-              f"batched_decode={e.batched_decode} cuda_graphs={e.cuda_graphs} max_model_len={e.max_model_len} "
+              f"batched_decode={e.batched_decode} cuda_graphs={e.cuda_graphs} piecewise_graphs={e.piecewise_graphs} "
+              f"fused_kernels={e.fused_kernels} max_model_len={e.max_model_len} "
               f"kv_cache_gb={e.kv_cache_gb} max_num_seqs={e.max_num_seqs} max_num_batched_tokens="
               f"{e.max_num_batched_tokens} block_size={e.block_size} dtype={e.dtype} driver={conf.replay.driver}")
         if e.name == "reference":

@@ -12,7 +12,7 @@ from hydra import compose
 from omegaconf import DictConfig, OmegaConf
 
 from abtest.gates import GateConfig
-from abtest.lossless import arms_lossless, lossless_check, teacher_forcing_covers
+from abtest.lossless import arms_lossless, lossless_check, opts_in_effect_differ, teacher_forcing_covers
 from abtest.rollout import DEFAULT_REGISTRY, promote, rollout_plan
 from abtest.verdict import ArmResult, Verdict, check_same_traffic, decide, verdict_table
 from engine.loader import resolve_device
@@ -187,9 +187,14 @@ def run_ab(cfg: DictConfig, run_dir: Path, overrides: list[str], choices: dict) 
         run_arms([control, candidate] if ab.first == "control" else [candidate, control], ab.repeats, run_dir,
                  parent.run_id)
         verdict, cand, lossless, why = gate_pair(control, candidate, gate)
+        unasked = opts_in_effect_differ(control.resolved, candidate.resolved, control.runs[0].opts_effective,
+                                        candidate.runs[0].opts_effective)
+        for line in unasked:
+            log.warning("the arms differ in an opt they did not ask to: %s", line)
         out = {"ab": ab.name, "control": control.overrides, "candidate": candidate.overrides, "first": ab.first,
                "repeats": ab.repeats,
-               "candidate_lossless": lossless, "lossless_reason": why, **verdict.to_dict(),
+               "candidate_lossless": lossless, "lossless_reason": why, "opts_in_effect_differ": unasked,
+               **verdict.to_dict(),
                "control_run_ids": [r.run_id for r in control.runs],
                "candidate_run_ids": [r.run_id for r in candidate.runs]}
         write_json(run_dir / "verdict.json", out)
@@ -203,6 +208,8 @@ def run_ab(cfg: DictConfig, run_dir: Path, overrides: list[str], choices: dict) 
         parent.log_metrics({"verdict/exit_code": verdict.exit_code})
         parent.set_tags({"verdict": verdict.status})
         print(verdict_table(verdict))
+        for line in unasked:
+            print(f"  note: the arms differ in an opt they did not ask to: {line}")
         print(f"verdict.json: {run_dir / 'verdict.json'}")
         return verdict.exit_code
 

@@ -70,6 +70,7 @@ def test_ab_lossless_candidate_checked_teacher_forced_runs_both_engines_again(tm
              "quality.num_prompts=12", "tracking.enabled=false", f"hydra.run.dir={out}", *FAST], tmp_path)
     v = json.loads((out / "verdict.json").read_text())
     assert v["candidate_lossless"] is True and "checked teacher-forced" in v["lossless_reason"], p.stderr[-2000:]
+    assert v["opts_in_effect_differ"] == []  # flash_attn differs in effect, but it is what the A/B asks about
     g = {g["metric"]: g for g in v["gates"]}
     assert not g["quality/exact_match_vs_control"]["decides"]
     assert g["quality/kl_vs_control_mean"]["decides"] and g["quality/kl_vs_control_mean"]["status"] == "pass"

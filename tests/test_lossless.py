@@ -83,3 +83,39 @@ def test_an_arms_dtype_as_this_host_resolves_it_or_as_written():
     # an endpoint elsewhere: what its config says, never this host's default; a value this host cannot resolve
     assert resolved_dtype({"engine": {"name": "openai", "dtype": "auto", "device": "cuda"}}) == "auto"
     assert resolved_dtype({"engine": {"name": "reference", "dtype": "bf16", "device": "auto"}}) == "bf16"
+
+
+def _ab_arm(name: str) -> tuple[dict, dict]:
+    """(resolved config, opts_effective) of an arm of the engine A/B the H200 ran."""
+    import json
+    from pathlib import Path
+
+    arm = Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "gpu_ab_vllm_h200" / f"{name}-r0"
+    snap = json.loads((arm / "config_snapshot.json").read_text())
+    return snap["resolved_config"], json.loads((arm / "summary.json").read_text())["opts_effective"]
+
+
+def test_an_opt_in_effect_in_one_arm_only_is_named():
+    """The H200's engine A/B: vLLM fuses whatever fused_kernels says, the reference control ran without it."""
+    from abtest.lossless import opts_in_effect_differ
+
+    (ctl, ctl_eff), (cand, cand_eff) = _ab_arm("control"), _ab_arm("candidate")
+    found = opts_in_effect_differ(ctl, cand, ctl_eff, cand_eff)
+    assert len(found) == 1 and found[0].startswith("fused_kernels: in effect in the candidate only (always_on)")
+    assert "engine.fused_kernels=False" in found[0]
+    # the same opt on in both arms: nothing to say
+    fused = {**ctl_eff, "fused_kernels": {**ctl_eff["fused_kernels"], "on": True}}
+    assert opts_in_effect_differ(ctl, cand, fused, cand_eff) == []
+    # an engine that cannot say whether it is on (an endpoint): not reported
+    unknown = {**cand_eff, "fused_kernels": {**cand_eff["fused_kernels"], "on": None}}
+    assert opts_in_effect_differ(ctl, cand, ctl_eff, unknown) == []
+
+
+def test_the_opt_an_ab_asks_about_is_not_reported():
+    from abtest.lossless import opts_in_effect_differ
+
+    ctl, ctl_eff = _ab_arm("control")
+    cand = {**ctl, "engine": {**ctl["engine"], "fused_kernels": True}}  # +ab with +opt=fused_kernels in the candidate
+    cand_eff = {**ctl_eff, "fused_kernels": {**ctl_eff["fused_kernels"], "on": True}}
+    assert opts_in_effect_differ(ctl, cand, ctl_eff, cand_eff) == []
+    assert opts_in_effect_differ(ctl, ctl, ctl_eff, cand_eff)[0].startswith("fused_kernels: in effect in the candidate")
