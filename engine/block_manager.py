@@ -9,6 +9,8 @@ A block is registered for reuse by the step that writes its KV (`register_full_b
 scheduled): a request admitted later in the same step may already share it, since every layer stores the
 step's K/V before it attends; a block that a later chunk of a split prompt will write is not registered
 yet, so chunked prefill never lends out KV that no step has written.
+A sequence's `block_table` list is only ever appended to; whatever else changes it replaces the list
+(deallocate, rollback): the model runner keeps a numpy copy that takes only the appended entries.
 """
 from __future__ import annotations
 
@@ -174,8 +176,11 @@ class BlockManager:
         drops to the accepted tokens. The table is then exactly what one-token steps would have built."""
         bs, n = self.block_size, seq.num_computed_tokens
         keep = -(-n // bs)
-        while len(seq.block_table) > keep:
-            block = self.blocks[seq.block_table.pop()]
+        dropped = seq.block_table[keep:]
+        # a new list, not pops: a table list is only ever appended to (the model runner copies the new entries)
+        seq.block_table = seq.block_table[:keep]
+        for block_id in reversed(dropped):
+            block = self.blocks[block_id]
             assert block.hash == -1 and block.ref_count == 1, "a draft slot is never in a shared or cached block"
             self._release(block, front=True)
         if keep:

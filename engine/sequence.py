@@ -44,6 +44,8 @@ class Sequence:
         self.arrival_time = arrival_time
         self.status = SeqStatus.WAITING
         self.block_table: list[int] = []
+        # the model runner's numpy copy of block_table: (the list it copies, entries copied, the array)
+        self.block_table_np: tuple | None = None
         self.num_cached_tokens = 0  # prompt tokens whose KV came from the prefix cache
         self.num_computed_tokens = 0  # tokens whose KV is in the cache
         self.num_preemptions = 0
