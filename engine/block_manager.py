@@ -145,7 +145,7 @@ class BlockManager:
     def deallocate(self, seq: Sequence) -> None:
         for block_id in reversed(seq.block_table):
             self._release(self.blocks[block_id])
-        seq.block_table = []
+        seq.block_table, seq.block_table_np = [], None
         seq.num_cached_tokens = 0
 
     # --- growth during decode: the step writes the KV of the last token, at position len(seq) - 1, and with
@@ -177,8 +177,8 @@ class BlockManager:
         bs, n = self.block_size, seq.num_computed_tokens
         keep = -(-n // bs)
         dropped = seq.block_table[keep:]
-        # a new list, not pops: a table list is only ever appended to (the model runner copies the new entries)
-        seq.block_table = seq.block_table[:keep]
+        if dropped:  # a new list, not pops: a table list is only ever appended to (the runner copies new entries)
+            seq.block_table, seq.block_table_np = seq.block_table[:keep], None
         for block_id in reversed(dropped):
             block = self.blocks[block_id]
             assert block.hash == -1 and block.ref_count == 1, "a draft slot is never in a shared or cached block"

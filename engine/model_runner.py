@@ -43,7 +43,7 @@ class ModelRunner:
         None: eagerly)."""
         self.model, self.device, self.dtype = model, device, dtype
         self.block_size = layout.block_size
-        # the widest block table a sequence can have: max_model_len's blocks, and room for speculative lookahead
+        # the widest block table a sequence can have: max_model_len's blocks (drafts' slots stay within it), + slack
         self.table_capacity = -(-max_model_len // layout.block_size) + 8
         self.kernels = kernels
         s = model.shape
@@ -87,7 +87,7 @@ class ModelRunner:
         """The sequences' block tables, padded with block 0 to the widest, on the host. Each sequence keeps a
         numpy copy of its table (`Sequence.block_table_np`) that takes only the entries appended since the
         step before, instead of converting the whole list every step (for 250 sequences of ~100 blocks that
-        conversion was ~1.2 ms of host time a step on the 2-core CPU: benchmarks/cpu_host_prep.py). It relies on
+        conversion took 3-4 ms of host time a step on the 2-core CPU: benchmarks/cpu_host_prep.py). It relies on
         BlockManager's rule that a block table list is only ever appended to, anything else replacing the list."""
         width = max(len(s.block_table) for s in seqs)
         if width > self.table_capacity:  # longer than any table should be: the plain conversion, still right
@@ -99,12 +99,17 @@ class ModelRunner:
     def _table_np(self, seq: Sequence) -> np.ndarray:
         """seq's block table as numpy int32 of table_capacity entries, zero past its end, kept in step with the list."""
         table, cached, n = seq.block_table, seq.block_table_np, len(seq.block_table)
-        if cached is not None and cached[0] is table and cached[1] <= n:
+        done = 0
+        if cached is not None and cached[0] is table and cached[1] <= n and len(cached[2]) == self.table_capacity:
             _, done, buf = cached
-            if done == n:
+            # the last entry copied still matches: a pop and an append of another block in place (which
+            # BlockManager never does) would be caught here, not served stale
+            if done and buf[done - 1] != table[done - 1]:
+                done = 0
+            elif done == n:
                 return buf
-        else:  # a new list (the first step, a preemption, a rollback), or one shrunk in place: from scratch
-            buf, done = np.zeros(self.table_capacity, dtype=np.int32), 0
+        if not done:  # a new list (the first step, a preemption, a rollback) or one changed in place: from scratch
+            buf = np.zeros(self.table_capacity, dtype=np.int32)
         buf[done:n] = table[done:]
         seq.block_table_np = (table, n, buf)
         return buf

@@ -86,7 +86,7 @@ class Sequence:
     def reset_for_recompute(self) -> None:
         """Preempted: its KV is dropped; the tokens so far are recomputed as a prompt when readmitted."""
         self.status = SeqStatus.WAITING
-        self.block_table = []
+        self.block_table, self.block_table_np = [], None
         self.num_cached_tokens = 0
         self.num_computed_tokens = 0
         self.num_preemptions += 1

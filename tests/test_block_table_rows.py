@@ -77,9 +77,12 @@ def test_a_table_shrunk_in_place_or_replaced_is_copied_afresh():
     assert runner._table_rows([s]).tolist() == [[5, 6, 7]]
     s.block_table.append(9)
     assert runner._table_rows([s]).tolist() == [[5, 6, 7, 9]]
-    s.block_table.pop()  # not what BlockManager does, but never served stale
+    s.block_table.pop()  # changes in place BlockManager never makes: shrunk, or the last entry replaced
     s.block_table.pop()
     assert runner._table_rows([s]).tolist() == [[5, 6]]
+    s.block_table.pop()
+    s.block_table.append(8)
+    assert runner._table_rows([s]).tolist() == [[5, 8]]
     s.block_table = [4]  # a new list of its own (deallocate, rollback)
     assert runner._table_rows([s]).tolist() == [[4]]
     other = Sequence("q", [1], SamplingParams())
@@ -96,4 +99,7 @@ def test_rollback_replaces_the_list():
     before = s.block_table
     s.num_computed_tokens = 7
     bm.rollback(s)
-    assert s.block_table is not before and s.block_table == before[:2]
+    assert s.block_table is not before and s.block_table == before[:2] and s.block_table_np is None
+    kept = s.block_table
+    bm.rollback(s)  # nothing beyond the accepted tokens: the same list, appended to later
+    assert s.block_table is kept
