@@ -78,7 +78,8 @@ def opts_in_effect_differ(control: dict[str, Any], candidate: dict[str, Any], co
     fused ones take ~5 (benchmarks/results/gpu_ab_vllm_h200/). control / candidate: the resolved configs;
     *_effective: each arm's opts_effective. An opt whose field the configs set differently is the A/B's own
     question, not reported; an engine that cannot say (on: None, engine=openai) is not either."""
-    asked = set(differences(leaves(control), leaves(candidate)))
+    flat = leaves(control)
+    asked = set(differences(flat, leaves(candidate)))
     out = []
     for opt in sorted(set(control_effective) & set(candidate_effective)):
         a, b = control_effective[opt].get("on"), candidate_effective[opt].get("on")
@@ -91,6 +92,6 @@ def opts_in_effect_differ(control: dict[str, Any], candidate: dict[str, Any], co
         on_arm, on_ev = ("candidate", candidate_effective[opt]) if b else ("control", control_effective[opt])
         state = on_ev.get("state")
         out.append(f"{opt}: in effect in the {on_arm} only{f' ({state})' if state else ''}, though both arms set "
-                   f"{field}={leaves(control).get(field)}; turn it on in both (+opt={opt}) or read the latency "
+                   f"{field}={flat.get(field)}; turn it on in both (+opt={opt}) or read the latency "
                    "verdict as including it")
     return out

@@ -20,7 +20,7 @@ import math
 import sys
 from pathlib import Path
 
-from abtest.ladder import ROWS
+from abtest.ladder import ROWS, _fmt
 from experiments.diff import diff_dicts
 from experiments.snapshot import SNAPSHOT_FILE
 
@@ -120,14 +120,14 @@ def compare(a: tuple[dict, Path | None], b: tuple[dict, Path | None], noise_sd: 
                 cells.append("-")
                 continue
             if ok is None:
-                cells.append(f"{_num(va)} -> {_num(vb)} (?)")
+                cells.append(f"{_fmt(va)} -> {_fmt(vb)} (?)")
                 continue
             checked += 1
             ratio = f"{vb / va:.2f}×" if va else "="
             cells.append(f"{ratio}" if ok else f"**{ratio}**")
             if not ok:
                 missed += 1
-                reasons.append(f"rung {x['rung']} ({opt}): {label} {_num(va)} -> {_num(vb)} ({vb / va:.2f}×), "
+                reasons.append(f"rung {x['rung']} ({opt}): {label} {_fmt(va)} -> {_fmt(vb)} ({vb / va:.2f}×), "
                                f"outside ±{band:.2f} in log ratio")
         same = "" if x["status"] == y["status"] else " **≠**"
         out.append(f"| {x['rung']} | {opt} | {x['status']} | {y['status']}{same} | " + " | ".join(cells) + " |")
@@ -138,10 +138,6 @@ def compare(a: tuple[dict, Path | None], b: tuple[dict, Path | None], noise_sd: 
     out.append("reproduced" if reproduced else "not reproduced:")
     out += [f"- {r}" for r in reasons]
     return reproduced, out
-
-
-def _num(v) -> str:
-    return "-" if v is None else f"{v:.4g}"
 
 
 def main(argv: list[str] | None = None) -> int:

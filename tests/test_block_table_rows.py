@@ -3,29 +3,20 @@
 engines that append, preempt, share prefix blocks, roll drafts back and split prompts."""
 from __future__ import annotations
 
-from dataclasses import replace
-from pathlib import Path
-
 import pytest
 import torch
-from omegaconf import OmegaConf
+from test_engine_equivalence import model_config
 
 from engine.block_manager import BlockManager
-from engine.config import EngineConfig, ModelConfig, SpeculativeConfig
+from engine.config import EngineConfig, SpeculativeConfig
 from engine.llm_engine import LLMEngine
 from engine.model_runner import ModelRunner, table_rows_from_lists
 from engine.sequence import SamplingParams, Sequence
 
-CONF = Path(__file__).resolve().parents[1] / "conf"
 BASE = dict(device="cpu", dtype="float32", max_model_len=512, kv_cache_gb=0.2, max_num_seqs=16, block_size=16,
             paged_kv=True, dynamic_batching=True)
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
-
-
-def _tiny() -> ModelConfig:
-    cfg = ModelConfig(**OmegaConf.to_container(OmegaConf.load(CONF / "model" / "tiny.yaml")))
-    return replace(cfg, init_std=0.3)  # answers long enough to cross blocks (tests/test_engine_equivalence.py)
 
 
 @pytest.fixture
@@ -53,7 +44,7 @@ def checked(monkeypatch):
                  id="speculative_rollback"),
 ])
 def test_kept_tables_equal_the_lists_at_every_step(checked, kw):
-    engine = LLMEngine(_tiny(), EngineConfig(**{**BASE, **kw}))
+    engine = LLMEngine(model_config("tiny"), EngineConfig(**{**BASE, **kw}))
     prompts = [[(7 * i + j) % 50 + 1 for j in range(20 + 9 * i)] * (2 if i % 3 == 0 else 1) for i in range(12)]
     if kw.get("prefix_cache"):
         prompts = [prompts[0][:40] + p for p in prompts]  # a shared 40-token prefix: blocks taken from the cache
