@@ -49,8 +49,10 @@
 # benchmarks/stage_smollm2.sh` here makes .stage/a and .stage/b), so three calls start it, back to back:
 #   1  bash benchmarks/gpu_ladder.sh stage          carry: wheelhouse .stage/mei   (installs into /tmp)
 #   2  bash benchmarks/gpu_ladder.sh stage          carry: .stage/a                (the first piece into /tmp/stage)
-#   3  MODEL=smollm2 TS=.. N=.. bash benchmarks/gpu_ladder.sh start    carry: .stage/b .gpu-data
-# then `MODEL=smollm2 bash benchmarks/gpu_ladder.sh wait` calls.
+#   3  bash benchmarks/gpu_ladder.sh stage          carry: .stage/b                (the second piece, its sha256, gguf)
+#   4  MODEL=smollm2 TS=.. N=.. bash benchmarks/gpu_ladder.sh start    carry: .gpu-data-slim (or .gpu-data)
+# then `MODEL=smollm2 bash benchmarks/gpu_ladder.sh wait` calls. (.stage/b may ride with call 4 instead of call 3
+# while the tree is small enough: the tree, .stage/b's 49 MB and the data must fit one call's 64 MiB.)
 # SMOKE=1 runs the same steps on the tiny model with this checkout's environment (the CPU check of the script).
 set -uo pipefail
 [ -n "${FROM:-}" ] && FROM=$(realpath -m "$FROM")  # relative to where the command was given
@@ -176,16 +178,18 @@ poll() {  # until the detached ladder ends, or WAIT_S from this script's start (
 }
 
 install
-if [ "$MODE" = stage ]; then  # an earlier call on the same warm machine: install (above), then a GGUF piece
-  if [ -f .stage/a/gguf.part0 ]; then
-    mkdir -p /tmp/stage && cp .stage/a/gguf.part0 /tmp/stage/ && ls -la /tmp/stage || exit 1
-  fi
+if [ "$MODE" = stage ]; then  # an earlier call on the same warm machine: install (above), then the GGUF pieces carried
+  mkdir -p /tmp/stage
+  for piece in .stage/a/gguf.part0 .stage/b/gguf.part1; do
+    [ -f "$piece" ] && { cp "$(dirname "$piece")"/* /tmp/stage/ || exit 1; }
+  done
+  ls -la /tmp/stage
   exit 0
 fi
 if [ "$MODEL" = smollm2 ] && [ -z "${SMOKE:-}" ] && [ "$MODE" != wait ]; then
-  source benchmarks/gpu_smollm2.sh  # joins /tmp/stage/gguf.part0 and .stage/b/gguf.part1, checks the sha256
+  source benchmarks/gpu_smollm2.sh  # joins the two pieces (/tmp/stage, or .stage/b carried), checks the sha256
   [ ${#SMOL[@]} -gt 0 ] || { echo "MODEL=smollm2 needs the GGUF pieces: see this script's header"; exit 2; }
-  export OPTLADDER_CACHE=/tmp/stage/cache  # converted once per machine
+  export OPTLADDER_CACHE=${OPTLADDER_CACHE:-/tmp/stage/cache}  # converted once per machine (per copy: gpu_ladder_pair.sh)
 fi
 if [ "$MODE" = start ]; then
   last=$(latest)

@@ -27,6 +27,8 @@ if args[:1] != ["run.py"]:  # pip, the version line, the runs' export: nothing t
 over = args[1:]
 run_dir = Path(next(a.split("=", 1)[1] for a in over if a.startswith("hydra.run.dir=")))
 (run_dir / ".hydra").mkdir(parents=True, exist_ok=True)
+(run_dir / "ran_in.txt").write_text(os.getcwd() + "\\n" + os.environ.get("CUDA_VISIBLE_DEVICES", "-") + "\\n"
+                                    + os.environ.get("OPTLADDER_CACHE", "-"))
 (run_dir / ".hydra" / "overrides.yaml").write_text(
     "".join(f"- {{a}}\\n" for a in over if not a.startswith("hydra.")))
 store = Path(next(a for a in over if a.startswith("tracking.uri=")).split("sqlite:///", 1)[1])
@@ -60,7 +62,7 @@ def fake_py(tmp_path: Path) -> Path:
 
 
 SETTINGS = ("FROM", "TS", "N", "RUNGS", "BASELINE", "EXTRA", "MODEL", "STOP_AFTER", "WAIT_S", "LADDER_S", "STATE",
-            "OUT", "PY", "DEADLINE_S", "SMOKE")
+            "OUT", "PY", "DEADLINE_S", "SMOKE", "COPIES", "OPTLADDER_CACHE", "CUDA_VISIBLE_DEVICES")
 
 
 def call(tmp_path: Path, fake_py: Path, state: str, out: str, mode: str = "start", **env
@@ -137,3 +139,33 @@ def test_a_resume_under_other_settings_is_refused_before_anything_runs(tmp_path,
     assert r.returncode == 2
     assert "other settings" in r.stdout and "> seed=3" in r.stdout
     assert not (tmp_path / "m2" / "resume0").exists()
+
+
+@pytest.mark.skipif(shutil.which("setsid") is None or shutil.which("git") is None, reason="needs setsid and git")
+def test_a_pair_runs_two_copies_each_on_its_own_gpu_state_and_cache(tmp_path, fake_py):
+    """benchmarks/gpu_ladder_pair.sh: two copies of the checkout (its files only), each ladder on its own GPU with
+    its own ladder directory, store and model cache; both archives come back, and the comparison runs once both
+    ended. (A real pair of tiny ladders on this CPU: the README's reproduction section.)"""
+    clean = {k: v for k, v in os.environ.items() if k not in SETTINGS}
+    e = {**clean, "SMOKE": "1", "PY": str(fake_py), "COPIES": str(tmp_path / "m"), "OUT": str(tmp_path / "o"),
+         "DEADLINE_S": "200", "POLL_S": "0.2", "OPTLADDER_CACHE": str(tmp_path / "cache")}
+    r = subprocess.run(["bash", str(ROOT / "benchmarks" / "gpu_ladder_pair.sh"), "start"], env=e, cwd=ROOT,
+                       capture_output=True, text=True, timeout=180)
+    assert r.returncode == 0, r.stdout + r.stderr
+    for i, gpu in (("a", "0"), ("b", "1")):
+        copy = tmp_path / "m" / f"copy-{i}"
+        assert (copy / "run.py").is_file() and (copy / "benchmarks" / "gpu_ladder_pair.sh").is_file()
+        assert not (copy / ".venv").exists() and not (copy / ".git").exists()  # the checkout's files only
+        ran_in = (tmp_path / "m" / f"optladder-ladder-{i}" / "first" / "ran_in.txt").read_text().split("\n")
+        assert ran_in == [str(copy), gpu, str(tmp_path / "cache" / f"cache-{i}")]
+        assert members(tmp_path / "o" / i / "ladder-start.tgz") >= {"first", "mlflow", "logs"}
+        assert f"== copy {i} (GPU {gpu}): exit status 0" in r.stdout
+    assert (tmp_path / "o" / "compare.rc").read_text().strip() == "0"  # the stand-in's compare: nothing to say
+    # a wait on the same machine polls both again; without a start there is nothing to wait for
+    r = subprocess.run(["bash", str(ROOT / "benchmarks" / "gpu_ladder_pair.sh"), "wait"], env=e, cwd=ROOT,
+                       capture_output=True, text=True, timeout=180)
+    assert r.returncode == 0, r.stdout + r.stderr
+    e["COPIES"] = str(tmp_path / "nothing")
+    r = subprocess.run(["bash", str(ROOT / "benchmarks" / "gpu_ladder_pair.sh"), "wait"], env=e, cwd=ROOT,
+                       capture_output=True, text=True, timeout=180)
+    assert r.returncode == 2 and "start' first" in r.stdout
