@@ -8,7 +8,9 @@ ladder.json. A metric is within noise when |ln(B / A)| <= k * noise_sd: noise_sd
 two identical runs (gate.run_noise, measured by an A/A sweep: README, "A/A calibration"; 0.10 for E2E p99), k = 2
 about 95% of identical pairs. Settings are the rungs' resolved configs (the first rung's, when both directories
 hold their snapshots): a ladder run with other settings is not a reproduction, whatever its numbers. Machines and
-code that differ are listed, not judged (a reproduction on another machine is the point).
+code that differ are listed, not judged (a reproduction on another machine is the point). Each rung's "kept up"
+(the trace's arrival span over its makespan) says whether the engine kept up with the trace: a rung below 0.95
+ran at or past its capacity, where latency follows the path its queue took, and is marked where it is named.
 
 Exit status: 0 reproduced, 1 not (each reason printed), 2 the input cannot be compared (missing files, other rungs).
 """
@@ -65,6 +67,22 @@ def within(a: float | None, b: float | None, band: float) -> bool | None:
     return abs(math.log(b / a)) <= band
 
 
+# A replay whose last answer came well after its last arrival served less than the trace offered: the engine ran at
+# or past its capacity, where latency depends on the path the queue happened to take, not on the switch alone (or
+# the replay is short against its answers: one long answer at the end does the same to a replay of seconds)
+KEPT_UP = 0.95
+
+
+def kept_up(metrics: dict) -> float | None:
+    """The trace's arrival span over the replay's makespan: the out tok/s served over those offered (every request
+    answered, so the tokens are the same); 1 when the engine kept up, lower when it finished after the trace by a
+    queue. None without both figures (a closed-loop workload has no arrival span)."""
+    span, makespan = metrics.get("traffic/duration_s"), metrics.get("perf/makespan_s")
+    if not span or not makespan or span <= 0 or makespan <= 0:
+        return None
+    return span / makespan
+
+
 def _ignored(key: str, prefixes: tuple[str, ...]) -> bool:
     return any(key == p or key.startswith(p if p.endswith(".") else p + ".") for p in prefixes)
 
@@ -105,11 +123,18 @@ def compare(a: tuple[dict, Path | None], b: tuple[dict, Path | None], noise_sd: 
     out.append("")
 
     labels = [label for label, _ in ROWS]
-    out.append("| rung | opt | verdict A | verdict B | " + " | ".join(labels) + " |")
-    out.append("|---|---|---|---|" + "---|" * len(labels))
+    out.append("| rung | opt | verdict A | verdict B | kept up A / B | " + " | ".join(labels) + " |")
+    out.append("|---|---|---|---|---|" + "---|" * len(labels))
     checked = missed = 0
+    loaded: list[str] = []
     for x, y in zip(ra, rb):
         opt = x["opt"] or "baseline"
+        ka, kb = kept_up(x.get("metrics", {})), kept_up(y.get("metrics", {}))
+        load = " / ".join("-" if v is None else f"{v:.2f}" for v in (ka, kb))
+        over = any(v is not None and v < KEPT_UP for v in (ka, kb))
+        if over:
+            loaded.append(f"rung {x['rung']} ({opt})")
+        n_reasons = len(reasons)
         if x["status"] != y["status"]:
             reasons.append(f"rung {x['rung']} ({opt}): verdict {x['status']} in A, {y['status']} in B")
         cells = []
@@ -129,14 +154,25 @@ def compare(a: tuple[dict, Path | None], b: tuple[dict, Path | None], noise_sd: 
                 missed += 1
                 reasons.append(f"rung {x['rung']} ({opt}): {label} {_fmt(va)} -> {_fmt(vb)} ({vb / va:.2f}×), "
                                f"outside ±{band:.2f} in log ratio")
+        if over:  # a moved figure or verdict of a rung past its capacity: say so where it is named
+            reasons[n_reasons:] = [f"{r} [kept up {load}]" for r in reasons[n_reasons:]]
         same = "" if x["status"] == y["status"] else " **≠**"
-        out.append(f"| {x['rung']} | {opt} | {x['status']} | {y['status']}{same} | " + " | ".join(cells) + " |")
+        out.append(f"| {x['rung']} | {opt} | {x['status']} | {y['status']}{same} | {load} | "
+                   + " | ".join(cells) + " |")
     verdicts = sum(x["status"] == y["status"] for x, y in zip(ra, rb))
     out += ["", f"verdicts: {verdicts}/{len(ra)} the same; metrics: {checked - missed}/{checked} within "
             f"{k:g} × {noise_sd:g} in log ratio (B / A shown; bold: outside)"]
+    out.append("kept up: the trace's arrival span over the replay's makespan (out tok/s served over offered); "
+               f"below {KEPT_UP:g} the replay ran on well past the last arrival (a queue, or answers long against "
+               "a short trace)")
     reproduced = not reasons
     out.append("reproduced" if reproduced else "not reproduced:")
     out += [f"- {r}" for r in reasons]
+    if loaded and not reproduced:
+        out.append(f"{len(loaded)} rung(s) did not keep up with the trace in A or B ({', '.join(loaded)}): at or past "
+                   "capacity (or a replay short against its answers), latency follows the path the queue took and moves between runs more than gate.run_noise "
+                   "says; a ladder meant to reproduce needs a load every rung keeps up with (a larger "
+                   "workload.time_scale, or fewer workload.num_requests from a trace whose rate rises)")
     return reproduced, out
 
 

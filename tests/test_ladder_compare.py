@@ -6,12 +6,16 @@ from pathlib import Path
 
 import pytest
 
-from experiments.ladder_compare import main
+from experiments.ladder_compare import kept_up, main
 from experiments.snapshot import SNAPSHOT_FILE
 
 RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "gpu_ladder_h200"
 SMOLLM2 = RESULTS / "smollm2_ts2_200"
 CAPACITY = RESULTS / "smollm2_capacity_64"
+REPRO = RESULTS / "smollm2_ts2_200_repro"  # the same ladder again on another machine (not reproduced)
+# defaults that changed between the two runs for switches neither ran
+CHANGED = ["--ignore", "engine.piecewise_max_tokens", "--ignore", "replay.capacity_requests",
+           "--ignore", "replay.capacity_stop_early"]
 
 
 def _copy(tmp_path: Path, src: Path = SMOLLM2) -> Path:
@@ -82,3 +86,27 @@ def test_what_cannot_be_compared_is_refused(tmp_path, capsys):
     with pytest.raises(SystemExit):
         main([str(SMOLLM2), str(SMOLLM2), "--noise-sd", "0"])
     assert "--noise-sd=0.0: must be a positive number" in capsys.readouterr().err
+
+
+def test_the_h200_rerun_at_time_scale_2_does_not_reproduce_and_says_which_rungs_were_past_capacity(capsys):
+    assert main([str(SMOLLM2), str(REPRO)]) == 1  # the changed defaults count unless ignored
+    assert "engine.piecewise_max_tokens: 2048 -> 256" in capsys.readouterr().out
+    assert main([str(SMOLLM2), str(REPRO), *CHANGED]) == 1
+    out = capsys.readouterr().out
+    assert "settings: 0 difference(s) (the same ladder)" in out
+    assert "rung 2 (flash_attn): verdict inconclusive in A, pass in B [kept up 0.86 / 0.88]" in out
+    assert "rung 3 (dynamic_batching): verdict pass in A, inconclusive in B [kept up 0.90 / 0.90]" in out
+    assert "| 6 | cuda_graphs | pass | pass | 0.99 / 0.99 |" in out  # the all-on rung kept up, and reproduced
+    assert "rung 6 (cuda_graphs):" not in out
+    footer = next(line for line in out.splitlines() if "did not keep up" in line)
+    assert footer.startswith("6 rung(s)") and "rung 5 (batched_decode)" in footer and "cuda_graphs" not in footer
+
+
+def test_kept_up_is_the_arrival_span_over_the_makespan(capsys):
+    assert kept_up({"traffic/duration_s": 90.0, "perf/makespan_s": 100.0}) == 0.9
+    assert kept_up({"perf/makespan_s": 100.0}) is None  # a closed loop has no arrival span
+    assert kept_up({"traffic/duration_s": 0.0, "perf/makespan_s": 100.0}) is None
+    # a ladder that reproduces prints no capacity note, though its eager rungs did not keep up
+    assert main([str(SMOLLM2), str(SMOLLM2)]) == 0
+    out = capsys.readouterr().out
+    assert "| 0 | baseline | baseline | baseline | 0.79 / 0.79 |" in out and "did not keep up" not in out
