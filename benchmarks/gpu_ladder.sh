@@ -46,11 +46,12 @@
 # the archive ran with (refused otherwise); an archive split into FROM.part00, .part01, ... is joined.
 # MODEL=smollm2 runs the same ladder on real weights (SmolLM2-135M-Instruct in bf16: BLEU and ROUGE against the
 # references and the control decide quality). Its 98 MB GGUF file travels in two pieces (`bash
-# benchmarks/stage_smollm2.sh` here makes .stage/a and .stage/b), so three calls start it, back to back:
+# benchmarks/stage_smollm2.sh` here makes .stage/a and .stage/b), so four calls start it, back to back:
 #   1  bash benchmarks/gpu_ladder.sh stage          carry: wheelhouse .stage/mei   (installs into /tmp)
 #   2  bash benchmarks/gpu_ladder.sh stage          carry: .stage/a                (the first piece into /tmp/stage)
 #   3  bash benchmarks/gpu_ladder.sh stage          carry: .stage/b                (the second piece, its sha256, gguf)
-#   4  MODEL=smollm2 TS=.. N=.. bash benchmarks/gpu_ladder.sh start    carry: .gpu-data-slim (or .gpu-data)
+#   4  OPTLADDER_DATA=$PWD/.gpu-data-slim MODEL=smollm2 TS=.. N=.. bash benchmarks/gpu_ladder.sh start
+#                                                   carry: .gpu-data-slim (or .gpu-data, without OPTLADDER_DATA)
 # then `MODEL=smollm2 bash benchmarks/gpu_ladder.sh wait` calls. (.stage/b may ride with call 4 instead of call 3
 # while the tree is small enough: the tree, .stage/b's 49 MB and the data must fit one call's 64 MiB.)
 # SMOKE=1 runs the same steps on the tiny model with this checkout's environment (the CPU check of the script).

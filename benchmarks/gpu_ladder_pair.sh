@@ -13,56 +13,85 @@
 #                                                           carry: .gpu-data-slim
 #   5… MODEL=smollm2 bash benchmarks/gpu_ladder_pair.sh wait     (exit status 124 while either still runs)
 # Every setting of gpu_ladder.sh (MODEL, TS, N, RUNGS, BASELINE, EXTRA, LADDER_S, STOP_AFTER) is passed to both.
-# What comes back: $OUT/a/ladder-<mode>.tgz and $OUT/b/ladder-<mode>.tgz (each a gpu_ladder.sh archive), and once
-# both ended $OUT/compare.md (the comparison; its exit status in $OUT/compare.rc).
+# Each copy runs pinned to its half of the host's cores (taskset, where there): the eager rungs are host-bound, and
+# half of an nvidia-h200-x2 host's 32 cores is what an nvidia-h200 machine has. Call 3 is needed here (the copies
+# leave .stage out and read the second GGUF piece from /tmp/stage; a .stage/b carried with `start` is copied there).
+# What comes back (at most 8 files: room for a split archive): $OUT/a/ladder-<mode>.tgz and $OUT/b/ladder-<mode>.tgz
+# (each a gpu_ladder.sh archive, in 15 MiB pieces if larger), $OUT/calls.log (both copies' output), $OUT/status.txt
+# (each copy's exit status, and the comparison's once both ended) and then $OUT/compare.md (the comparison).
+# Exit status: 124 while either copy still runs, else 0 when both ended with 0, else the first other status.
 set -uo pipefail
-cd "$(dirname "$0")/.."
 MODE=${1:-}
 case "$MODE" in start|wait) ;; *) echo "usage: $0 start|wait (a pair of detached ladders, GPUs 0 and 1)"; exit 2 ;; esac
+for v in OUT COPIES OPTLADDER_DATA OPTLADDER_CACHE; do  # relative to where the command was given (copies run elsewhere)
+  [ -n "${!v:-}" ] && export "$v=$(realpath -m "${!v}")"
+done
+cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/gpu_out}
+COPIES=${COPIES:-/tmp}  # the copies: $COPIES/copy-a, copy-b; their ladders: $COPIES/optladder-ladder-a, -b
 ROOT=$PWD
 PY=${PY:-python3}
-COPIES=${COPIES:-/tmp}  # the two copies go to $COPIES/copy-a and copy-b, their ladders to $COPIES/optladder-ladder-a, -b
+running() { [ -f "$COPIES/optladder-ladder-$1/run.sh" ] && [ ! -f "$COPIES/optladder-ladder-$1/rc" ]; }
 if [ "$MODE" = start ]; then
+  for i in a b; do  # before anything is removed: a copy still running is not overwritten
+    running "$i" && { echo "copy $i still runs ($COPIES/optladder-ladder-$i): '$0 wait' for it"; exit 2; }
+  done
   n=$(nvidia-smi -L 2>/dev/null | wc -l)
   [ -n "${SMOKE:-}" ] || [ "$n" -ge 2 ] || { echo "two GPUs needed (kind nvidia-h200-x2); nvidia-smi lists $n"; exit 2; }
   if [ "${MODEL:-8b}" = smollm2 ] && [ -z "${SMOKE:-}" ]; then  # joined once here: two copies at once would race
+    [ -f .stage/b/gguf.part1 ] && { mkdir -p /tmp/stage && cp .stage/b/* /tmp/stage/ || exit 1; }
     source benchmarks/gpu_smollm2.sh
     [ ${#SMOL[@]} -gt 0 ] || { echo "MODEL=smollm2 needs the GGUF pieces: see gpu_ladder.sh's header"; exit 2; }
   fi
   for i in a b; do  # a copy of the checkout as it came: its files, no carried staging, no earlier outputs
     rm -rf "$COPIES/copy-$i" && mkdir -p "$COPIES/copy-$i"
-    if [ -d .git ]; then git ls-files -z --cached --others --exclude-standard | tar --null -T - -cf -
+    if git rev-parse --is-inside-work-tree > /dev/null 2>&1; then
+      git ls-files -z --cached --others --exclude-standard | tar --null -T - -cf -
     else  # the device's copy of a working tree has no .git: its ignored paths are the carried ones and outputs
-      tar cf - --exclude=./.stage --exclude=./wheelhouse --exclude='./.vllm*' --exclude=./gpu_out \
-        --exclude=./outputs --exclude='./.gpu-data*' --exclude=./.venv --exclude=./.cache .
+      tar cf - --exclude=./.git --exclude=./.stage --exclude=./wheelhouse --exclude='./.vllm*' --exclude=./gpu_out \
+        --exclude=./outputs --exclude='./.gpu-data*' --exclude='./.venv*' --exclude=./.cache --exclude=./mlartifacts \
+        --exclude=./mlflow.db .
     fi | tar xf - -C "$COPIES/copy-$i" || exit 1
   done
 fi
+cores=$(nproc)
 pids=()
 for i in a b; do
   [ -d "$COPIES/copy-$i" ] || { echo "no $COPIES/copy-$i: '$0 start' first on this machine"; exit 2; }
   gpu=0; [ "$i" = b ] && gpu=1
+  pin=()  # copy a on the first half of the cores, b on the second
+  if command -v taskset > /dev/null && [ "$cores" -ge 2 ]; then
+    half=$((cores / 2)); lo=$((gpu * half)); pin=(taskset -c "$lo-$((lo + half - 1))")
+  fi
   mkdir -p "$OUT/$i"
   # OPTLADDER_DATA (absolute) stays this checkout's carried data, read by both
   ( cd "$COPIES/copy-$i" && CUDA_VISIBLE_DEVICES=$gpu STATE=$COPIES/optladder-ladder-$i OUT="$OUT/$i" \
       OPTLADDER_CACHE=${OPTLADDER_CACHE:-/tmp/stage}/cache-$i OPTLADDER_DATA=${OPTLADDER_DATA:-$ROOT/.gpu-data} \
-      bash benchmarks/gpu_ladder.sh "$MODE" > "$OUT/$i/call.log" 2>&1; echo $? > "$OUT/$i/rc" ) &
+      ${pin[@]+"${pin[@]}"} bash benchmarks/gpu_ladder.sh "$MODE" > "$OUT/$i/call.log" 2>&1
+    echo $? > "$OUT/$i/rc" ) &
   pids+=($!)
 done
 wait "${pids[@]}"
 RC=0
+: > "$OUT/calls.log"
+: > "$OUT/status.txt"
 for i in a b; do
-  rc=$(cat "$OUT/$i/rc"); echo "== copy $i (GPU $([ $i = a ] && echo 0 || echo 1)): exit status $rc"
+  rc=$(cat "$OUT/$i/rc" 2>/dev/null); rc=${rc:-1}
+  echo "== copy $i (GPU $([ $i = a ] && echo 0 || echo 1)): exit status $rc" | tee -a "$OUT/status.txt"
   tail -12 "$OUT/$i/call.log"
-  rm -f "$OUT/$i/ladder.json" "$OUT/$i/ladder.png"  # in the archive; what comes back is at most 8 files
-  [ "$rc" -gt "$RC" ] && RC=$rc
+  { echo "== copy $i"; cat "$OUT/$i/call.log"; } >> "$OUT/calls.log"
+  # ladder.md, .json and .png are in the archive: what comes back is at most 8 files
+  rm -f "$OUT/$i/call.log" "$OUT/$i/rc" "$OUT/$i/ladder.md" "$OUT/$i/ladder.json" "$OUT/$i/ladder.png"
+  if [ "$rc" = 124 ]; then RC=124
+  elif [ "$rc" != 0 ] && [ "$RC" = 0 ]; then RC=$rc; echo "copy $i ended with exit status $rc"; fi
 done
-if [ -f "$COPIES/optladder-ladder-a/rc" ] && [ -f "$COPIES/optladder-ladder-b/rc" ]; then
+if ! running a && ! running b && [ -f "$COPIES/optladder-ladder-a/rc" ] && [ -f "$COPIES/optladder-ladder-b/rc" ]; then
   [ -n "${SMOKE:-}" ] || export PYTHONPATH=/tmp/site-optladder  # the wheelhouse's install (gpu_ladder.sh stage)
-  $PY -m experiments.ladder_compare "$COPIES/optladder-ladder-a/first" "$COPIES/optladder-ladder-b/first" \
+  name_a=$(cat "$COPIES/optladder-ladder-a/detached-name" 2>/dev/null || echo first)
+  name_b=$(cat "$COPIES/optladder-ladder-b/detached-name" 2>/dev/null || echo first)
+  $PY -m experiments.ladder_compare "$COPIES/optladder-ladder-a/$name_a" "$COPIES/optladder-ladder-b/$name_b" \
     > "$OUT/compare.md" 2>&1
-  echo $? > "$OUT/compare.rc"
+  echo "comparison ($PY -m experiments.ladder_compare): exit status $?" | tee -a "$OUT/status.txt"
   cat "$OUT/compare.md"
 fi
 exit "$RC"

@@ -3,8 +3,9 @@
 #   bash benchmarks/gpu_run.sh            (OUT defaults to ./gpu_out)
 # SmolLM2's 98 MB GGUF file does not fit one call's 64 MiB, so it travels in two pieces: an earlier call
 # on the same warm machine copies .stage/a/gguf.part0 to /tmp/stage (`bash benchmarks/gpu_run.sh stage`);
-# this call carries .stage/b (gguf.part1, its sha256 and the pure-Python gguf wheel), joins the pieces
-# and lets engine/loader.py convert the file as it does on any machine. Without the pieces the SmolLM2
+# this call carries .stage/b (gguf.part1, its sha256 and the pure-Python gguf wheel), or a second `stage` call
+# carrying .stage/b copied it there too; this call joins the pieces and lets engine/loader.py convert the file as it
+# does on any machine. Without the pieces the SmolLM2
 # section is skipped and the rest still runs.
 set -uo pipefail
 cd "$(dirname "$0")/.."

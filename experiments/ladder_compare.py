@@ -8,9 +8,9 @@ ladder.json. A metric is within noise when |ln(B / A)| <= k * noise_sd: noise_sd
 two identical runs (gate.run_noise, measured by an A/A sweep: README, "A/A calibration"; 0.10 for E2E p99), k = 2
 about 95% of identical pairs. Settings are the rungs' resolved configs (the first rung's, when both directories
 hold their snapshots): a ladder run with other settings is not a reproduction, whatever its numbers. Machines and
-code that differ are listed, not judged (a reproduction on another machine is the point). Each rung's "kept up"
-(the trace's arrival span over its makespan) says whether the engine kept up with the trace: a rung below 0.95
-ran at or past its capacity, where latency follows the path its queue took, and is marked where it is named.
+code that differ are listed, not judged (a reproduction on another machine is the point). Each rung's load (the
+trace's offered output tokens per second times the measured time per decode row; see `load`) is shown: a rung at
+0.8 or more ran at or near its capacity, where latency follows the path its queue took, and is marked where named.
 
 Exit status: 0 reproduced, 1 not (each reason printed), 2 the input cannot be compared (missing files, other rungs).
 """
@@ -67,20 +67,24 @@ def within(a: float | None, b: float | None, band: float) -> bool | None:
     return abs(math.log(b / a)) <= band
 
 
-# A replay whose last answer came well after its last arrival served less than the trace offered: the engine ran at
-# or past its capacity, where latency depends on the path the queue happened to take, not on the switch alone (or
-# the replay is short against its answers: one long answer at the end does the same to a replay of seconds)
-KEPT_UP = 0.95
+# A rung whose estimated load is near 1 ran at or near its capacity, where latency follows the path the queue happened
+# to take as much as the switch; two runs of such a rung can differ by more than gate.run_noise
+LOADED = 0.8
 
 
-def kept_up(metrics: dict) -> float | None:
-    """The trace's arrival span over the replay's makespan: the out tok/s served over those offered (every request
-    answered, so the tokens are the same); 1 when the engine kept up, lower when it finished after the trace by a
-    queue. None without both figures (a closed-loop workload has no arrival span)."""
+def load(metrics: dict) -> float | None:
+    """The rung's load, estimated: the output tokens per second the trace offered (its requests' output tokens over
+    its arrival span; every request answered, so out tok/s served x makespan / span) times the time a decode-only
+    step took per decode row (stage/decode_ms_mean over perf/step_decode_tokens_mean). About 1 means the engine
+    needed all of the trace's time for its decode rows. It assumes a row costs the same at any batch, as in a
+    per-row-bound eager step; a step with a large fixed cost (graph replay at a few rows) reads high. None without
+    the figures (a closed-loop workload has no arrival span; an engine without stage timers)."""
     span, makespan = metrics.get("traffic/duration_s"), metrics.get("perf/makespan_s")
-    if not span or not makespan or span <= 0 or makespan <= 0:
+    served = metrics.get("perf/throughput_out_tok_s")
+    step_ms, rows = metrics.get("stage/decode_ms_mean"), metrics.get("perf/step_decode_tokens_mean")
+    if not all(isinstance(v, (int, float)) and v > 0 for v in (span, makespan, served, step_ms, rows)):
         return None
-    return span / makespan
+    return served * makespan / span * step_ms / rows / 1000
 
 
 def _ignored(key: str, prefixes: tuple[str, ...]) -> bool:
@@ -123,15 +127,15 @@ def compare(a: tuple[dict, Path | None], b: tuple[dict, Path | None], noise_sd: 
     out.append("")
 
     labels = [label for label, _ in ROWS]
-    out.append("| rung | opt | verdict A | verdict B | kept up A / B | " + " | ".join(labels) + " |")
+    out.append("| rung | opt | verdict A | verdict B | load A / B | " + " | ".join(labels) + " |")
     out.append("|---|---|---|---|---|" + "---|" * len(labels))
     checked = missed = 0
     loaded: list[str] = []
     for x, y in zip(ra, rb):
         opt = x["opt"] or "baseline"
-        ka, kb = kept_up(x.get("metrics", {})), kept_up(y.get("metrics", {}))
-        load = " / ".join("-" if v is None else f"{v:.2f}" for v in (ka, kb))
-        over = any(v is not None and v < KEPT_UP for v in (ka, kb))
+        la_, lb_ = load(x.get("metrics", {})), load(y.get("metrics", {}))
+        loads = " / ".join("-" if v is None else f"{v:.2f}" for v in (la_, lb_))
+        over = any(v is not None and v >= LOADED for v in (la_, lb_))
         if over:
             loaded.append(f"rung {x['rung']} ({opt})")
         n_reasons = len(reasons)
@@ -155,24 +159,26 @@ def compare(a: tuple[dict, Path | None], b: tuple[dict, Path | None], noise_sd: 
                 reasons.append(f"rung {x['rung']} ({opt}): {label} {_fmt(va)} -> {_fmt(vb)} ({vb / va:.2f}×), "
                                f"outside ±{band:.2f} in log ratio")
         if over:  # a moved figure or verdict of a rung past its capacity: say so where it is named
-            reasons[n_reasons:] = [f"{r} [kept up {load}]" for r in reasons[n_reasons:]]
+            reasons[n_reasons:] = [f"{r} [load {loads}]" for r in reasons[n_reasons:]]
         same = "" if x["status"] == y["status"] else " **≠**"
-        out.append(f"| {x['rung']} | {opt} | {x['status']} | {y['status']}{same} | {load} | "
+        out.append(f"| {x['rung']} | {opt} | {x['status']} | {y['status']}{same} | {loads} | "
                    + " | ".join(cells) + " |")
     verdicts = sum(x["status"] == y["status"] for x, y in zip(ra, rb))
     out += ["", f"verdicts: {verdicts}/{len(ra)} the same; metrics: {checked - missed}/{checked} within "
             f"{k:g} × {noise_sd:g} in log ratio (B / A shown; bold: outside)"]
-    out.append("kept up: the trace's arrival span over the replay's makespan (out tok/s served over offered); "
-               f"below {KEPT_UP:g} the replay ran on well past the last arrival (a queue, or answers long against "
-               "a short trace)")
+    out.append("load: the trace's offered out tok/s times the ms a decode-only step took per decode row, over 1000 "
+               f"(an estimate: {LOADED:g} or more is at or near capacity)")
     reproduced = not reasons
     out.append("reproduced" if reproduced else "not reproduced:")
     out += [f"- {r}" for r in reasons]
     if loaded and not reproduced:
-        out.append(f"{len(loaded)} rung(s) did not keep up with the trace in A or B ({', '.join(loaded)}): at or past "
-                   "capacity (or a replay short against its answers), latency follows the path the queue took and moves between runs more than gate.run_noise "
-                   "says; a ladder meant to reproduce needs a load every rung keeps up with (a larger "
-                   "workload.time_scale, or fewer workload.num_requests from a trace whose rate rises)")
+        out.append(f"{len(loaded)} rung(s) ran at a load of {LOADED:g} or more in A or B ({', '.join(loaded)}).")
+        out.append("At or near capacity (unless a decode row costs less as the batch grows: then the load reads high) "
+                   "latency follows the path")
+        out.append("the queue took and can move between runs by more than gate.run_noise says; a ladder meant to "
+                   "reproduce needs a load every rung")
+        out.append("is well below (a larger workload.time_scale, or fewer workload.num_requests from a trace whose "
+                   "rate rises).")
     return reproduced, out
 
 

@@ -20,11 +20,16 @@ FAKE = f"""#!{sys.executable}
 import os, shutil, sys
 from pathlib import Path
 args = sys.argv[1:]
-if args[:1] != ["run.py"]:  # pip, the version line, the runs' export: nothing to do
+if args[:1] != ["run.py"]:  # pip, the version line, the runs' export, a comparison: nothing to do
+    if os.environ.get("FAKE_LOG"):
+        with open(os.environ["FAKE_LOG"], "a") as f:
+            f.write(" ".join(args) + "\\n")
     if "--out" in args:
         Path(args[args.index("--out") + 1]).mkdir(parents=True, exist_ok=True)
     sys.exit(0)
 over = args[1:]
+if os.environ.get("CUDA_VISIBLE_DEVICES", "-") == os.environ.get("FAKE_FAIL_GPU"):
+    sys.exit(3)  # this GPU's ladder fails
 run_dir = Path(next(a.split("=", 1)[1] for a in over if a.startswith("hydra.run.dir=")))
 (run_dir / ".hydra").mkdir(parents=True, exist_ok=True)
 (run_dir / "ran_in.txt").write_text(os.getcwd() + "\\n" + os.environ.get("CUDA_VISIBLE_DEVICES", "-") + "\\n"
@@ -47,6 +52,8 @@ for a in over:
                 shutil.copytree(r, run_dir / r.name, dirs_exist_ok=True)
                 done += 1
 if not partial:
+    for name in ("ladder.md", "ladder.json", "ladder.png"):  # what run.py writes once a ladder ends
+        (run_dir / name).write_text("{{}}")
     (run_dir / f"rung{{done}}-x-r0").mkdir()
     (run_dir / f"rung{{done}}-x-r0" / "summary.json").write_text("{{}}")
 (run_dir / f"rung{{done + 1}}-y-r0").mkdir()  # the rung in progress when the call ended
@@ -141,31 +148,45 @@ def test_a_resume_under_other_settings_is_refused_before_anything_runs(tmp_path,
     assert not (tmp_path / "m2" / "resume0").exists()
 
 
+def pair(tmp_path: Path, fake_py: Path, mode: str, **env) -> subprocess.CompletedProcess:
+    clean = {k: v for k, v in os.environ.items() if k not in SETTINGS}
+    e = {**clean, "SMOKE": "1", "PY": str(fake_py), "COPIES": str(tmp_path / "m"), "OUT": str(tmp_path / "o"),
+         "DEADLINE_S": "200", "POLL_S": "0.2", "OPTLADDER_CACHE": str(tmp_path / "cache"),
+         "FAKE_LOG": str(tmp_path / "fake.log"), **env}
+    return subprocess.run(["bash", str(ROOT / "benchmarks" / "gpu_ladder_pair.sh"), mode], env=e, cwd=ROOT,
+                          capture_output=True, text=True, timeout=180)
+
+
 @pytest.mark.skipif(shutil.which("setsid") is None or shutil.which("git") is None, reason="needs setsid and git")
 def test_a_pair_runs_two_copies_each_on_its_own_gpu_state_and_cache(tmp_path, fake_py):
     """benchmarks/gpu_ladder_pair.sh: two copies of the checkout (its files only), each ladder on its own GPU with
-    its own ladder directory, store and model cache; both archives come back, and the comparison runs once both
-    ended. (A real pair of tiny ladders on this CPU: the README's reproduction section.)"""
-    clean = {k: v for k, v in os.environ.items() if k not in SETTINGS}
-    e = {**clean, "SMOKE": "1", "PY": str(fake_py), "COPIES": str(tmp_path / "m"), "OUT": str(tmp_path / "o"),
-         "DEADLINE_S": "200", "POLL_S": "0.2", "OPTLADDER_CACHE": str(tmp_path / "cache")}
-    r = subprocess.run(["bash", str(ROOT / "benchmarks" / "gpu_ladder_pair.sh"), "start"], env=e, cwd=ROOT,
-                       capture_output=True, text=True, timeout=180)
+    its own ladder directory, store and model cache; both archives come back, at most 8 files in all, and the two
+    ladders are compared once both ended. (A real pair of tiny ladders on this CPU: the results README.)"""
+    r = pair(tmp_path, fake_py, "start")
     assert r.returncode == 0, r.stdout + r.stderr
+    m = tmp_path / "m"
     for i, gpu in (("a", "0"), ("b", "1")):
-        copy = tmp_path / "m" / f"copy-{i}"
+        copy = m / f"copy-{i}"
         assert (copy / "run.py").is_file() and (copy / "benchmarks" / "gpu_ladder_pair.sh").is_file()
         assert not (copy / ".venv").exists() and not (copy / ".git").exists()  # the checkout's files only
-        ran_in = (tmp_path / "m" / f"optladder-ladder-{i}" / "first" / "ran_in.txt").read_text().split("\n")
+        ran_in = (m / f"optladder-ladder-{i}" / "first" / "ran_in.txt").read_text().split("\n")
         assert ran_in == [str(copy), gpu, str(tmp_path / "cache" / f"cache-{i}")]
         assert members(tmp_path / "o" / i / "ladder-start.tgz") >= {"first", "mlflow", "logs"}
         assert f"== copy {i} (GPU {gpu}): exit status 0" in r.stdout
-    assert (tmp_path / "o" / "compare.rc").read_text().strip() == "0"  # the stand-in's compare: nothing to say
-    # a wait on the same machine polls both again; without a start there is nothing to wait for
-    r = subprocess.run(["bash", str(ROOT / "benchmarks" / "gpu_ladder_pair.sh"), "wait"], env=e, cwd=ROOT,
-                       capture_output=True, text=True, timeout=180)
+    compared = [line for line in (tmp_path / "fake.log").read_text().splitlines() if "ladder_compare" in line]
+    assert compared == [f"-m experiments.ladder_compare {m}/optladder-ladder-a/first {m}/optladder-ladder-b/first"]
+    back = [f for f in (tmp_path / "o").rglob("*") if f.is_file()]
+    assert len(back) <= 8, back  # what a device call brings back
+    assert "comparison" in (tmp_path / "o" / "status.txt").read_text()
+    # a second start while both still ran would be refused; a wait polls both again and compares again
+    r = pair(tmp_path, fake_py, "wait")
     assert r.returncode == 0, r.stdout + r.stderr
-    e["COPIES"] = str(tmp_path / "nothing")
-    r = subprocess.run(["bash", str(ROOT / "benchmarks" / "gpu_ladder_pair.sh"), "wait"], env=e, cwd=ROOT,
-                       capture_output=True, text=True, timeout=180)
+    r = pair(tmp_path, fake_py, "wait", COPIES=str(tmp_path / "nothing"))
     assert r.returncode == 2 and "start' first" in r.stdout
+
+
+@pytest.mark.skipif(shutil.which("setsid") is None or shutil.which("git") is None, reason="needs setsid and git")
+def test_a_pair_whose_copy_fails_says_which_and_exits_with_its_status(tmp_path, fake_py):
+    r = pair(tmp_path, fake_py, "start", FAKE_FAIL_GPU="1")
+    assert r.returncode == 3, r.stdout + r.stderr
+    assert "== copy a (GPU 0): exit status 0" in r.stdout and "copy b ended with exit status 3" in r.stdout

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from experiments.ladder_compare import kept_up, main
+from experiments.ladder_compare import load, main
 from experiments.snapshot import SNAPSHOT_FILE
 
 RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "gpu_ladder_h200"
@@ -94,19 +94,22 @@ def test_the_h200_rerun_at_time_scale_2_does_not_reproduce_and_says_which_rungs_
     assert main([str(SMOLLM2), str(REPRO), *CHANGED]) == 1
     out = capsys.readouterr().out
     assert "settings: 0 difference(s) (the same ladder)" in out
-    assert "rung 2 (flash_attn): verdict inconclusive in A, pass in B [kept up 0.86 / 0.88]" in out
-    assert "rung 3 (dynamic_batching): verdict pass in A, inconclusive in B [kept up 0.90 / 0.90]" in out
-    assert "| 6 | cuda_graphs | pass | pass | 0.99 / 0.99 |" in out  # the all-on rung kept up, and reproduced
+    assert "rung 2 (flash_attn): verdict inconclusive in A, pass in B [load 1.08 / 1.04]" in out
+    assert "rung 3 (dynamic_batching): verdict pass in A, inconclusive in B [load 1.00 / 1.02]" in out
+    assert "| 6 | cuda_graphs | pass | pass | 0.51 / 0.51 |" in out  # the all-on rung: half loaded, and reproduced
     assert "rung 6 (cuda_graphs):" not in out
-    footer = next(line for line in out.splitlines() if "did not keep up" in line)
+    footer = next(line for line in out.splitlines() if "ran at a load of 0.8 or more" in line)
     assert footer.startswith("6 rung(s)") and "rung 5 (batched_decode)" in footer and "cuda_graphs" not in footer
 
 
-def test_kept_up_is_the_arrival_span_over_the_makespan(capsys):
-    assert kept_up({"traffic/duration_s": 90.0, "perf/makespan_s": 100.0}) == 0.9
-    assert kept_up({"perf/makespan_s": 100.0}) is None  # a closed loop has no arrival span
-    assert kept_up({"traffic/duration_s": 0.0, "perf/makespan_s": 100.0}) is None
-    # a ladder that reproduces prints no capacity note, though its eager rungs did not keep up
+def test_load_is_the_offered_rate_times_the_time_per_decode_row(capsys):
+    m = {"traffic/duration_s": 100.0, "perf/makespan_s": 125.0, "perf/throughput_out_tok_s": 320.0,
+         "stage/decode_ms_mean": 30.0, "perf/step_decode_tokens_mean": 10.0}
+    # offered: 320 tok/s served over 125 s = 40,000 tokens in a 100 s trace = 400 tok/s; 3 ms a row
+    assert load(m) == pytest.approx(1.2)
+    assert load({**m, "traffic/duration_s": 0.0}) is None  # a closed loop has no arrival span
+    assert load({k: v for k, v in m.items() if k != "stage/decode_ms_mean"}) is None  # no stage timers (vLLM)
+    # a ladder that reproduces prints no capacity note, though its eager rungs ran near capacity
     assert main([str(SMOLLM2), str(SMOLLM2)]) == 0
     out = capsys.readouterr().out
-    assert "| 0 | baseline | baseline | baseline | 0.79 / 0.79 |" in out and "did not keep up" not in out
+    assert "| 0 | baseline | baseline | baseline | 1.16 / 1.16 |" in out and "ran at a load" not in out
