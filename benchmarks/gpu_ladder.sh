@@ -46,14 +46,15 @@
 # the archive ran with (refused otherwise); an archive split into FROM.part00, .part01, ... is joined.
 # MODEL=smollm2 runs the same ladder on real weights (SmolLM2-135M-Instruct in bf16: BLEU and ROUGE against the
 # references and the control decide quality). Its 98 MB GGUF file travels in two pieces (`bash
-# benchmarks/stage_smollm2.sh` here makes .stage/a and .stage/b), so four calls start it, back to back:
+# benchmarks/stage_smollm2.sh` here makes .stage/a, .stage/b and .stage/c, ~33 MB each), so four calls start it:
 #   1  bash benchmarks/gpu_ladder.sh stage          carry: wheelhouse .stage/mei   (installs into /tmp)
 #   2  bash benchmarks/gpu_ladder.sh stage          carry: .stage/a                (the first piece into /tmp/stage)
 #   3  bash benchmarks/gpu_ladder.sh stage          carry: .stage/b                (the second piece, its sha256, gguf)
 #   4  OPTLADDER_DATA=$PWD/.gpu-data-slim MODEL=smollm2 TS=.. N=.. bash benchmarks/gpu_ladder.sh start
-#                                                   carry: .gpu-data-slim (or .gpu-data, without OPTLADDER_DATA)
-# then `MODEL=smollm2 bash benchmarks/gpu_ladder.sh wait` calls. (.stage/b may ride with call 4 instead of call 3
-# while the tree is small enough: the tree, .stage/b's 49 MB and the data must fit one call's 64 MiB.)
+#                                                   carry: .stage/c .gpu-data-slim (or .gpu-data, no OPTLADDER_DATA)
+# then `MODEL=smollm2 bash benchmarks/gpu_ladder.sh wait` calls. (A call carries at most 64 MiB with the tree's
+# ~17 MiB, by the device tool's count, which is larger than the file bytes: it refused a half of an older two-piece
+# staging, 47 MiB, with the tree and the data at 63.6 MiB of file bytes.)
 # SMOKE=1 runs the same steps on the tiny model with this checkout's environment (the CPU check of the script).
 set -uo pipefail
 [ -n "${FROM:-}" ] && FROM=$(realpath -m "$FROM")  # relative to where the command was given
@@ -181,14 +182,14 @@ poll() {  # until the detached ladder ends, or WAIT_S from this script's start (
 install
 if [ "$MODE" = stage ]; then  # an earlier call on the same warm machine: install (above), then the GGUF pieces carried
   mkdir -p /tmp/stage
-  for piece in .stage/a/gguf.part0 .stage/b/gguf.part1; do
-    [ -f "$piece" ] && { cp "$(dirname "$piece")"/* /tmp/stage/ || exit 1; }
+  for d in .stage/a .stage/b .stage/c; do  # whichever pieces this call carries
+    [ -d "$d" ] && { cp "$d"/* /tmp/stage/ || exit 1; }
   done
   ls -la /tmp/stage
   exit 0
 fi
 if [ "$MODEL" = smollm2 ] && [ -z "${SMOKE:-}" ] && [ "$MODE" != wait ]; then
-  source benchmarks/gpu_smollm2.sh  # joins the two pieces (/tmp/stage, or .stage/b carried), checks the sha256
+  source benchmarks/gpu_smollm2.sh  # joins the pieces (/tmp/stage, or carried), checks the sha256
   [ ${#SMOL[@]} -gt 0 ] || { echo "MODEL=smollm2 needs the GGUF pieces: see this script's header"; exit 2; }
   export OPTLADDER_CACHE=${OPTLADDER_CACHE:-/tmp/stage/cache}  # converted once per machine (per copy: gpu_ladder_pair.sh)
 fi

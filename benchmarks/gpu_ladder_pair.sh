@@ -10,12 +10,12 @@
 #   2  bash benchmarks/gpu_ladder.sh stage                  carry: .stage/a
 #   3  bash benchmarks/gpu_ladder.sh stage                  carry: .stage/b
 #   4  OPTLADDER_DATA=$PWD/.gpu-data-slim MODEL=smollm2 TS=.. N=.. LADDER_S=.. bash benchmarks/gpu_ladder_pair.sh start
-#                                                           carry: .gpu-data-slim
+#                                                           carry: .stage/c .gpu-data-slim
 #   5… MODEL=smollm2 bash benchmarks/gpu_ladder_pair.sh wait     (exit status 124 while either still runs)
 # Every setting of gpu_ladder.sh (MODEL, TS, N, RUNGS, BASELINE, EXTRA, LADDER_S, STOP_AFTER) is passed to both.
 # Each copy runs pinned to its half of the host's cores (taskset, where there): the eager rungs are host-bound, and
-# half of an nvidia-h200-x2 host's 32 cores is what an nvidia-h200 machine has. Call 3 is needed here (the copies
-# leave .stage out and read the second GGUF piece from /tmp/stage; a .stage/b carried with `start` is copied there).
+# half of an nvidia-h200-x2 host's 32 cores is what an nvidia-h200 machine has. The copies leave .stage out and read
+# the GGUF pieces from /tmp/stage: a piece carried with `start` is copied there first.
 # What comes back (at most 8 files: room for a split archive): $OUT/a/ladder-<mode>.tgz and $OUT/b/ladder-<mode>.tgz
 # (each a gpu_ladder.sh archive, in 15 MiB pieces if larger), $OUT/calls.log (both copies' output), $OUT/status.txt
 # (each copy's exit status, and the comparison's once both ended) and then $OUT/compare.md (the comparison).
@@ -39,7 +39,9 @@ if [ "$MODE" = start ]; then
   n=$(nvidia-smi -L 2>/dev/null | wc -l)
   [ -n "${SMOKE:-}" ] || [ "$n" -ge 2 ] || { echo "two GPUs needed (kind nvidia-h200-x2); nvidia-smi lists $n"; exit 2; }
   if [ "${MODEL:-8b}" = smollm2 ] && [ -z "${SMOKE:-}" ]; then  # joined once here: two copies at once would race
-    [ -f .stage/b/gguf.part1 ] && { mkdir -p /tmp/stage && cp .stage/b/* /tmp/stage/ || exit 1; }
+    for d in .stage/a .stage/b .stage/c; do  # a piece carried with this call: the copies read /tmp/stage
+      [ -d "$d" ] && { mkdir -p /tmp/stage && cp "$d"/* /tmp/stage/ || exit 1; }
+    done
     source benchmarks/gpu_smollm2.sh
     [ ${#SMOL[@]} -gt 0 ] || { echo "MODEL=smollm2 needs the GGUF pieces: see gpu_ladder.sh's header"; exit 2; }
   fi

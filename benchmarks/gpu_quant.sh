@@ -4,8 +4,8 @@
 # capacity, and SmolLM2's teacher-forced quality of each against the bf16 control. Results under $OUT:
 # gpu_quant.{md,json} and the log.
 #   bash benchmarks/gpu_quant.sh            (OUT defaults to ./gpu_out)
-# SmolLM2 travels as benchmarks/gpu_run.sh stages it: an earlier call on the same warm machine copies
-# .stage/a/gguf.part0 to /tmp/stage (`bash benchmarks/gpu_run.sh stage`); this call carries .stage/b.
+# SmolLM2 travels as benchmarks/gpu_run.sh stages it: earlier calls on the same warm machine copy .stage/a, then
+# .stage/b, to /tmp/stage (`bash benchmarks/gpu_run.sh stage`); this call carries .stage/c.
 # Without the pieces the SmolLM2 section fails on its own and the rest still runs.
 set -uo pipefail
 cd "$(dirname "$0")/.."

@@ -1,18 +1,17 @@
 #!/usr/bin/env bash
 # The flash_attn and cuda_graphs GPU run in one device call: GPU tests, then benchmarks/gpu_bench.py, outputs under $OUT.
 #   bash benchmarks/gpu_run.sh            (OUT defaults to ./gpu_out)
-# SmolLM2's 98 MB GGUF file does not fit one call's 64 MiB, so it travels in two pieces: an earlier call
-# on the same warm machine copies .stage/a/gguf.part0 to /tmp/stage (`bash benchmarks/gpu_run.sh stage`);
-# this call carries .stage/b (gguf.part1, its sha256 and the pure-Python gguf wheel), or a second `stage` call
-# carrying .stage/b copied it there too; this call joins the pieces and lets engine/loader.py convert the file as it
-# does on any machine. Without the pieces the SmolLM2
-# section is skipped and the rest still runs.
+# SmolLM2's 98 MB GGUF file does not fit one call's 64 MiB, so it travels in pieces (benchmarks/stage_smollm2.sh:
+# .stage/a, .stage/b, .stage/c): earlier calls on the same warm machine copy .stage/a, then .stage/b, to /tmp/stage
+# (`bash benchmarks/gpu_run.sh stage`, carrying one each); this call carries .stage/c, joins the pieces
+# (benchmarks/gpu_smollm2.sh) and lets engine/loader.py convert the file as it does on any machine. Without the
+# pieces the SmolLM2 section is skipped and the rest still runs.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/gpu_out}
 mkdir -p "$OUT" /tmp/stage
-if [ "${1:-}" = stage ]; then  # the pieces carried (.stage/a, or .stage/b) into /tmp/stage
-  for d in .stage/a .stage/b; do [ -d "$d" ] && { cp "$d"/* /tmp/stage/ || exit 1; }; done; ls -la /tmp/stage; exit
+if [ "${1:-}" = stage ]; then  # the pieces carried (.stage/a, .stage/b or .stage/c) into /tmp/stage
+  for d in .stage/a .stage/b .stage/c; do [ -d "$d" ] && { cp "$d"/* /tmp/stage/ || exit 1; }; done; ls -la /tmp/stage; exit
 fi
 export PYTHONUNBUFFERED=1
 source benchmarks/gpu_smollm2.sh   # SMOL=(--smollm2-cache DIR) when the GGUF pieces are there

@@ -3,8 +3,9 @@
 # batch-1 decode with and without speculation on the repeat-heavy and built-in sets, and the 8B shape's Azure
 # replay at 1x and 4x with and without ngram speculation. Results under $OUT: gpu_spec.{md,json} and the log.
 #   bash benchmarks/gpu_spec.sh            (OUT defaults to ./gpu_out)
-# SmolLM2 travels in two pieces as for benchmarks/gpu_run.sh (an earlier call on the same warm machine ran
-# `bash benchmarks/gpu_run.sh stage`; this call carries .stage/b); the replay needs .stage/azure500.json
+# SmolLM2 travels in pieces as for benchmarks/gpu_run.sh (earlier calls on the same warm machine ran
+# `bash benchmarks/gpu_run.sh stage` carrying .stage/a, then .stage/b; this call carries .stage/c); the replay needs
+# .stage/azure500.json
 # (benchmarks/gpu_serving_vs_vllm.sh says how to write it).
 set -uo pipefail
 cd "$(dirname "$0")/.."
