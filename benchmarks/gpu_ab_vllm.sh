@@ -51,6 +51,11 @@
 #   1 stage  carry: .vllm-gpu/c1 .vllm-gpu/assemble.sh
 #   2 stage  carry: .vllm-gpu/c2 .vllm-gpu/manifest.tsv .vllm-gpu/assemble.sh .gpu-data .stage/mei
 #   3 stage  carry: .vllm-serve-wheels                              4 start  carry: wheelhouse      5… wait
+# With the tree at ~17 MiB (2026-12-02) a 46 MiB chunk is over a call's 64 MiB by the device tool's count (larger
+# than the file bytes): pack with 36 instead (c1 36, c2 36, c3 14 MiB) and add a call:
+#   1 stage  carry: .vllm-gpu/c1 .vllm-gpu/assemble.sh              2 stage  carry: .vllm-gpu/c2 .vllm-gpu/assemble.sh .stage/mei
+#   3 stage  carry: .vllm-gpu/c3 .vllm-gpu/manifest.tsv .vllm-gpu/assemble.sh .gpu-data
+#   4 stage  carry: .vllm-serve-wheels                              5 start  carry: wheelhouse      6… wait
 # Every call stages the chunks and manifests it brought into /tmp and installs whatever is complete (vLLM before
 # the serve wheels, whose install checks against it), so the folders may be split over the calls in any order.
 # Each start/wait ends by exporting the MLflow runs so far (experiments/runs_transfer.py) and packing the run
