@@ -181,15 +181,11 @@ poll() {  # until the detached ladder ends, or WAIT_S from this script's start (
 
 install
 if [ "$MODE" = stage ]; then  # an earlier call on the same warm machine: install (above), then the GGUF pieces carried
-  mkdir -p /tmp/stage
-  for d in .stage/a .stage/b .stage/c; do  # whichever pieces this call carries
-    [ -d "$d" ] && { cp "$d"/* /tmp/stage/ || exit 1; }
-  done
-  ls -la /tmp/stage
+  SMOLLM2_STAGE_ONLY=1 source benchmarks/gpu_smollm2.sh || exit 1
   exit 0
 fi
 if [ "$MODEL" = smollm2 ] && [ -z "${SMOKE:-}" ] && [ "$MODE" != wait ]; then
-  source benchmarks/gpu_smollm2.sh  # joins the pieces (/tmp/stage, or carried), checks the sha256
+  source benchmarks/gpu_smollm2.sh  # stages the pieces carried, joins those in /tmp/stage, checks the sha256
   [ ${#SMOL[@]} -gt 0 ] || { echo "MODEL=smollm2 needs the GGUF pieces: see this script's header"; exit 2; }
   export OPTLADDER_CACHE=${OPTLADDER_CACHE:-/tmp/stage/cache}  # converted once per machine (per copy: gpu_ladder_pair.sh)
 fi

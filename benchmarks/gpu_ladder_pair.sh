@@ -31,6 +31,7 @@ OUT=${OUT:-$PWD/gpu_out}
 COPIES=${COPIES:-/tmp}  # the copies: $COPIES/copy-a, copy-b; their ladders: $COPIES/optladder-ladder-a, -b
 ROOT=$PWD
 PY=${PY:-python3}
+gpu_of() { [ "$1" = b ] && echo 1 || echo 0; }  # copy a on GPU 0, b on GPU 1
 running() { [ -f "$COPIES/optladder-ladder-$1/run.sh" ] && [ ! -f "$COPIES/optladder-ladder-$1/rc" ]; }
 if [ "$MODE" = start ]; then
   for i in a b; do  # before anything is removed: a copy still running is not overwritten
@@ -39,10 +40,7 @@ if [ "$MODE" = start ]; then
   n=$(nvidia-smi -L 2>/dev/null | wc -l)
   [ -n "${SMOKE:-}" ] || [ "$n" -ge 2 ] || { echo "two GPUs needed (kind nvidia-h200-x2); nvidia-smi lists $n"; exit 2; }
   if [ "${MODEL:-8b}" = smollm2 ] && [ -z "${SMOKE:-}" ]; then  # joined once here: two copies at once would race
-    for d in .stage/a .stage/b .stage/c; do  # a piece carried with this call: the copies read /tmp/stage
-      [ -d "$d" ] && { mkdir -p /tmp/stage && cp "$d"/* /tmp/stage/ || exit 1; }
-    done
-    source benchmarks/gpu_smollm2.sh
+    source benchmarks/gpu_smollm2.sh  # a piece carried with this call goes to /tmp/stage, where the copies read it
     [ ${#SMOL[@]} -gt 0 ] || { echo "MODEL=smollm2 needs the GGUF pieces: see gpu_ladder.sh's header"; exit 2; }
   fi
   for i in a b; do  # a copy of the checkout as it came: its files, no carried staging, no earlier outputs
@@ -60,7 +58,7 @@ cores=$(nproc)
 pids=()
 for i in a b; do
   [ -d "$COPIES/copy-$i" ] || { echo "no $COPIES/copy-$i: '$0 start' first on this machine"; exit 2; }
-  gpu=0; [ "$i" = b ] && gpu=1
+  gpu=$(gpu_of "$i")
   pin=()  # copy a on the first half of the cores, b on the second
   if command -v taskset > /dev/null && [ "$cores" -ge 2 ]; then
     half=$((cores / 2)); lo=$((gpu * half)); pin=(taskset -c "$lo-$((lo + half - 1))")
@@ -79,7 +77,7 @@ RC=0
 : > "$OUT/status.txt"
 for i in a b; do
   rc=$(cat "$OUT/$i/rc" 2>/dev/null); rc=${rc:-1}
-  echo "== copy $i (GPU $([ $i = a ] && echo 0 || echo 1)): exit status $rc" | tee -a "$OUT/status.txt"
+  echo "== copy $i (GPU $(gpu_of "$i")): exit status $rc" | tee -a "$OUT/status.txt"
   tail -12 "$OUT/$i/call.log"
   { echo "== copy $i"; cat "$OUT/$i/call.log"; } >> "$OUT/calls.log"
   # ladder.md, .json and .png are in the archive: what comes back is at most 8 files

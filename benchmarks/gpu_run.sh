@@ -10,9 +10,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/gpu_out}
 mkdir -p "$OUT" /tmp/stage
-if [ "${1:-}" = stage ]; then  # the pieces carried (.stage/a, .stage/b or .stage/c) into /tmp/stage
-  for d in .stage/a .stage/b .stage/c; do [ -d "$d" ] && { cp "$d"/* /tmp/stage/ || exit 1; }; done; ls -la /tmp/stage; exit
-fi
+if [ "${1:-}" = stage ]; then SMOLLM2_STAGE_ONLY=1 source benchmarks/gpu_smollm2.sh; exit; fi  # the pieces carried
 export PYTHONUNBUFFERED=1
 source benchmarks/gpu_smollm2.sh   # SMOL=(--smollm2-cache DIR) when the GGUF pieces are there
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv | tee "$OUT/nvidia_smi.txt"

@@ -14,9 +14,10 @@ print(next(pathlib.Path(s.submodule_search_locations[0]).glob('*.gguf')))" 2>/de
 rm -rf .stage/a .stage/b .stage/c && mkdir -p .stage/a .stage/b .stage/c
 size=$(stat -c %s "$gguf")
 third=$(( (size + 2) / 3 ))
+dirs=(a b c)
 for k in 0 1 2; do  # bytes k*third .. (k+1)*third-1
-  dir=.stage/$(printf '%s' abc | cut -c$((k + 1)))
-  dd if="$gguf" of="$dir/gguf.part$k" bs=1M iflag=skip_bytes,count_bytes skip=$((k * third)) count="$third" status=none
+  dd if="$gguf" of=".stage/${dirs[k]}/gguf.part$k" bs=1M iflag=skip_bytes,count_bytes skip=$((k * third)) \
+    count="$third" status=none
 done
 sha256sum "$gguf" | cut -d' ' -f1 > .stage/b/gguf.sha256
 [ "$(cat .stage/a/gguf.part0 .stage/b/gguf.part1 .stage/c/gguf.part2 | sha256sum | cut -d' ' -f1)" \

@@ -133,9 +133,9 @@ def compare(a: tuple[dict, Path | None], b: tuple[dict, Path | None], noise_sd: 
     loaded: list[str] = []
     for x, y in zip(ra, rb):
         opt = x["opt"] or "baseline"
-        la_, lb_ = load(x.get("metrics", {})), load(y.get("metrics", {}))
-        loads = " / ".join("-" if v is None else f"{v:.2f}" for v in (la_, lb_))
-        over = any(v is not None and v >= LOADED for v in (la_, lb_))
+        load_a, load_b = load(x.get("metrics", {})), load(y.get("metrics", {}))
+        loads = " / ".join("-" if v is None else f"{v:.2f}" for v in (load_a, load_b))
+        over = any(v is not None and v >= LOADED for v in (load_a, load_b))
         if over:
             loaded.append(f"rung {x['rung']} ({opt})")
         n_reasons = len(reasons)
