@@ -12,10 +12,15 @@ Protocol (the same for both engines, each in its own child process, one after th
   prefix caching off in both; vLLM through its AsyncLLM (torch.compile, CUDA graphs, chunked prefill, FA3);
 - batch-1 decode: (time of a 256-token run − time of a 1-token run) / 255, median of 3; bursts: 64 × 1,000 →
   128 and 8 × 512 → 256 submitted at once.
-Ours is also run without chunked_prefill at 4× (the ablation); every step's time and load are summarized,
-and a torch profiler table of 12 steps in the middle of the 4× replay says where the step time goes.
+Ours is also run without chunked_prefill at 4× (the ablation); every step's time and load are summarized
+and logged, and a torch profiler table of 24 steps of a further 4× replay, from the step at which the last
+measured 4× repeat was 15 s in (its busiest part), says where the step time goes. That replay is not counted:
+the profiler is set up before it starts and records only those steps, but its start stalled the engine for
+seconds when it was started mid-replay (4.1-7.2 s on the H200), which backs the queue up (the first 4× repeat
+was profiled that way until 2026-12-02: TTFT p99 3.5-3.9 s against 0.24 s in the repeat after it).
 
     python3 benchmarks/gpu_serving_vs_vllm.py --requests FILE --out $OUT [--only ours|vllm] --tok-dir DIR
+        [--scales 1,4,8] [--repeats 2] [--skip-bursts] [--skip-ablation]   (the last three: a shorter run)
     python3 benchmarks/gpu_serving_vs_vllm.py --make-requests CSV --requests FILE   (here: the trace rows)
     python3 benchmarks/gpu_serving_vs_vllm.py --combine A.json B.json --out DIR   (the table from two calls)
 benchmarks/gpu_serving_vs_vllm.sh runs it on the H200 in two device calls.
@@ -45,7 +50,7 @@ NUM_REQUESTS, INPUT_CLIP = 500, 4096
 SCALES = (1, 4, 8)
 B1_PROMPT, B1_TOKENS, B1_REPEATS = 256, 256, 3
 BURSTS = {"burst_64x1000_128": (64, 1000, 128), "burst_8x512_256": (8, 512, 256)}
-PROFILE_SCALE, PROFILE_AT = 4, 400  # the torch profiler's 12 steps: in the middle of the 4x replay
+PROFILE_SCALE, PROFILE_FROM_S, PROFILE_STEPS = 4, 15.0, 24  # the profiled replay: 24 steps from 15 s in, at 4x
 OUR_OPTS = ("paged_kv", "flash_attn", "dynamic_batching", "batched_decode", "cuda_graphs", "fused_kernels",
             "skinny_gemm", "chunked_prefill")
 TINY = bool(os.environ.get("GPU_SERVING_TINY"))  # a 2-layer shape on the CPU: checks this script's logic only
@@ -54,7 +59,7 @@ if TINY:
                  num_key_value_heads=2, head_dim=32)
     SETTINGS.update(kv_gib=0.05, max_num_seqs=16, max_num_batched_tokens=256, max_model_len=1024)
     NUM_REQUESTS, INPUT_CLIP, SCALES = 12, 200, (50,)
-    PROFILE_SCALE, PROFILE_AT = 50, 3
+    PROFILE_SCALE, PROFILE_FROM_S, PROFILE_STEPS = 50, 0.05, 3
     B1_PROMPT, B1_TOKENS, B1_REPEATS = 16, 8, 1
     BURSTS = {"burst_64x1000_128": (4, 64, 8)}
 
@@ -160,19 +165,26 @@ def our_engine(chunked: bool, piecewise: bool = False):
     return engine, time.perf_counter() - t
 
 
-def replay_ours(engine, reqs, scale: float, profile_dir: Path | None = None, profile_at: int = PROFILE_AT,
-                profile_steps: int = 12) -> dict:
+def replay_ours(engine, reqs, scale: float, profile_dir: Path | None = None, profile_from_step: int = 0,
+                profile_steps: int = PROFILE_STEPS) -> dict:
     """The open-loop replay, stepping the engine on this thread; records every step's time and what it
-    carried, and (profile_dir) a torch profiler table of `profile_steps` steps from step `profile_at`."""
+    carried, and (profile_dir) a torch profiler table of `profile_steps` steps from step `profile_from_step`:
+    the profiler is set up before the replay starts and records only those steps (not a measurement all the
+    same: the seconds spent in the profiler's calls during the replay are in `profiler_stall_s`)."""
     from engine.sequence import SamplingParams
 
     engine.reset_stats()
+    prof, stall = None, 0.0
+    if profile_dir is not None:
+        t = time.perf_counter()
+        prof = _start_profiler(profile_from_step, profile_steps)
+        setup_s = time.perf_counter() - t
     t0 = time.monotonic() + 0.02
     pending = deque(sorted(reqs, key=lambda r: r[1]))
     recs = {rid: {"scheduled": t0 + t / scale, "first": None, "finished": None, "tokens": 0}
             for rid, t, _, _ in reqs}
     steps: list[tuple[float, int, int]] = []  # seconds, prompt tokens, decode tokens
-    prof = None
+    starts: list[float] = []  # each step's start, seconds after the replay's start (the gaps: host work outside step())
     st = engine.step_stats
     while pending or engine.has_unfinished():
         now = time.monotonic()
@@ -183,14 +195,14 @@ def replay_ours(engine, reqs, scale: float, profile_dir: Path | None = None, pro
         if not engine.has_unfinished():
             time.sleep(max(0.0, recs[pending[0][0]]["scheduled"] - time.monotonic()))
             continue
-        if profile_dir is not None and len(steps) == profile_at:
-            prof = _start_profiler()
         p0, d0, t = st.prefill_tokens, st.decode_tokens, time.perf_counter()
+        starts.append(time.monotonic() - t0)
         events = engine.step()
         steps.append((time.perf_counter() - t, st.prefill_tokens - p0, st.decode_tokens - d0))
-        if prof is not None and len(steps) == profile_at + profile_steps:
-            _stop_profiler(prof, profile_dir / "profile_ours_replay.txt", steps[profile_at:])
-            prof = None
+        if prof is not None:
+            t = time.perf_counter()
+            prof.step()
+            stall += time.perf_counter() - t
         for ev in events:
             rec = recs[ev.request_id]
             rec["first"] = rec["first"] or ev.time
@@ -202,6 +214,14 @@ def replay_ours(engine, reqs, scale: float, profile_dir: Path | None = None, pro
     out["engine"] = {k: round(v, 3) for k, v in sm.items() if k.startswith(("perf/", "stage/"))}
     out["chunked_prefill"] = engine.opts_effective()["chunked_prefill"]
     out["steps"] = step_summary(steps)
+    # every step: start (ms after the replay's start), duration (ms), prompt tokens, decode tokens
+    out["step_log"] = [[round(a * 1e3, 2), round(s * 1e3, 3), p, d] for a, (s, p, d) in zip(starts, steps)]
+    if prof is not None:
+        a, b = profile_from_step, profile_from_step + profile_steps
+        _stop_profiler(prof, profile_dir / "profile_ours_replay.txt", steps[a:b], starts[a] if a < len(starts) else None)
+        out["profiled_steps"] = [a, b]
+        out["profiler_stall_s"] = round(stall, 3)
+        out["profiler_setup_s"] = round(setup_s, 3)
     return out
 
 
@@ -230,18 +250,22 @@ def step_summary(steps: list[tuple[float, int, int]]) -> dict:
 MIXED_BUCKETS = ((1, 128), (129, 512), (513, 1024), (1025, 2048), (2049, 1 << 30))
 
 
-def _start_profiler():
-    from torch.profiler import ProfilerActivity, profile
+def _start_profiler(from_step: int, steps: int):
+    """A profiler that records steps [from_step, from_step + steps) of the prof.step() calls to come."""
+    from torch.profiler import ProfilerActivity, profile, schedule
 
-    prof = profile(activities=[ProfilerActivity.CPU] + ([] if TINY else [ProfilerActivity.CUDA]))
+    warmup = 1 if from_step else 0
+    prof = profile(activities=[ProfilerActivity.CPU] + ([] if TINY else [ProfilerActivity.CUDA]),
+                   schedule=schedule(wait=max(0, from_step - warmup), warmup=warmup, active=steps, repeat=1))
     prof.__enter__()
     return prof
 
 
-def _stop_profiler(prof, path: Path, steps) -> None:
+def _stop_profiler(prof, path: Path, steps, start_s: float | None) -> None:
     prof.__exit__(None, None, None)
     key = "cpu_time_total" if TINY else "device_time_total"
-    head = "steps profiled (ms, prompt tokens, decode tokens): " + \
+    at = "(the replay ended first)" if start_s is None else f"from {start_s:.1f} s into the replay"
+    head = f"steps profiled {at} (ms, prompt tokens, decode tokens): " + \
         ", ".join(f"({s * 1e3:.1f}, {p}, {d})" for s, p, d in steps)
     path.write_text(head + "\n" + prof.key_averages().table(sort_by=key, row_limit=30))
 
@@ -262,14 +286,20 @@ def worker_ours(args) -> dict:
         sync()
         return [s.num_output_tokens for s in seqs]
 
-    res.update(b1_and_bursts(generate))
+    if not args.skip_bursts:
+        res.update(b1_and_bursts(generate))
     save = lambda: args.json.write_text(json.dumps(res, indent=1, default=str))  # noqa: E731  (a timeout keeps what ran)
     save()
     res["replay"] = {}
     for s in SCALES:
-        res["replay"][str(s)] = [replay_ours(engine, reqs, s, profile_dir=args.out if (s == PROFILE_SCALE and r == 0) else None)
-                                 for r in range(args.repeats if s > 1 else 1)]
+        res["replay"][str(s)] = [replay_ours(engine, reqs, s) for _ in range(args.repeats if s > 1 else 1)]
         save()
+    if str(PROFILE_SCALE) in res["replay"]:  # the profiled steps: where the last measured repeat was PROFILE_FROM_S in
+        log = res["replay"][str(PROFILE_SCALE)][-1]["step_log"]
+        at = next((i for i, x in enumerate(log) if x[0] >= PROFILE_FROM_S * 1e3), 0)
+        res["replay_profiled"] = {str(PROFILE_SCALE): replay_ours(engine, reqs, PROFILE_SCALE, profile_dir=args.out,
+                                                                  profile_from_step=at)}
+    save()
     res["graphs"] = engine.opts_effective()["cuda_graphs"]
     if not TINY:
         res.update(gpu=torch.cuda.get_device_name(0), peak_mem_gib=round(torch.cuda.max_memory_allocated() / 2**30, 2))
@@ -280,6 +310,8 @@ def worker_ours(args) -> dict:
     if not TINY:
         torch.cuda.empty_cache()
     save()
+    if args.skip_ablation:
+        return res
     engine, _ = our_engine(chunked=False)  # the ablation: the same engine, each prefill a step of its own
     res["replay_no_chunked"] = {str(s): [replay_ours(engine, reqs, s)] for s in SCALES if s == 4 or TINY}
     return res
@@ -351,7 +383,8 @@ def worker_vllm(args) -> dict:
         res = {"engine": f"vLLM {vllm.__version__}", "init_s": round(init_s, 1),
                "settings": "AsyncLLM, its defaults (torch.compile + CUDA graphs, chunked prefill, FlashAttention 3 "
                            "on Hopper), prefix caching off, the same KV budget and limits as ours"}
-        res.update(b1_and_bursts(generate))
+        if not args.skip_bursts:
+            res.update(b1_and_bursts(generate))
         res["replay"] = {}
         for s in SCALES:
             res["replay"][str(s)] = [loop.run_until_complete(replay(s)) for _ in range(args.repeats if s > 1 else 1)]
@@ -367,7 +400,8 @@ def run_worker(which: str, args) -> dict:
     path = args.out / f"serving_{which}.json"
     path.unlink(missing_ok=True)
     cmd = [sys.executable, __file__, "--worker", which, "--json", str(path), "--requests", str(args.requests),
-           "--tok-dir", args.tok_dir or "", "--out", str(args.out), "--repeats", str(args.repeats)]
+           "--tok-dir", args.tok_dir or "", "--out", str(args.out), "--repeats", str(args.repeats),
+           "--scales", args.scales] + ["--skip-bursts"] * args.skip_bursts + ["--skip-ablation"] * args.skip_ablation
     t = time.perf_counter()
     try:
         p = subprocess.run(cmd, timeout=args.timeout, capture_output=True)
@@ -389,7 +423,6 @@ def median_run(runs: list[dict]) -> dict:
 
 
 def report(ours: dict, theirs: dict) -> str:
-    cols = ("out_tok_s", "ttft_ms_p50", "ttft_ms_p99", "tpot_ms_p50", "tpot_ms_p99", "e2e_ms_p99", "completed")
     lines = ["| time scale | engine | out tok/s | TTFT p50 / p99 ms | TPOT p50 / p99 ms | E2E p99 s | done |",
              "|---|---|---|---|---|---|---|"]
     ratios = ["| time scale | out tok/s | TTFT p99 | TPOT p99 | E2E p99 |", "|---|---|---|---|---|"]
@@ -439,6 +472,11 @@ def write_report(out: Path, ours: dict, theirs: dict) -> str:
           "no prefix caching",
           f"- optladder: {', '.join(ours.get('opts', []))}; vLLM: {theirs.get('settings', '-')}", "",
           report(ours, theirs), ""]
+    for scale, run in (ours.get("replay_profiled") or {}).items():
+        md += [f"A further {scale}× replay of ours ran with the torch profiler on (steps {run.get('profiled_steps')}; "
+               f"its calls during the replay took {run.get('profiler_stall_s')} s; set up before it in "
+               f"{run.get('profiler_setup_s')} s): not counted above; "
+               "its table is profile_ours_replay.txt.", ""]
     for name, d in (("ours", ours), ("vllm", theirs)):
         if "error" in d:
             md += [f"{name} failed: {d['error']}", "", "```", d.get("log_tail", ""), "```", ""]
@@ -449,6 +487,7 @@ def write_report(out: Path, ours: dict, theirs: dict) -> str:
 
 
 def main() -> int:
+    global SCALES
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", type=Path, default=Path("gpu_out"))
     ap.add_argument("--requests", type=Path, default=None)
@@ -457,10 +496,17 @@ def main() -> int:
     ap.add_argument("--tok-dir", default=None)
     ap.add_argument("--timeout", type=float, default=530)
     ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--scales", default=",".join(map(str, SCALES)), help="time scales to replay, e.g. 4 or 1,4,8")
+    ap.add_argument("--skip-bursts", action="store_true", help="no batch-1 decode and burst measures")
+    ap.add_argument("--skip-ablation", action="store_true", help="no 4x replay without chunked_prefill")
     ap.add_argument("--only", choices=["ours", "vllm"], default=None)
     ap.add_argument("--worker", choices=["ours", "vllm"], default=None)
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args()
+    try:
+        SCALES = tuple(int(x) if float(x).is_integer() else float(x) for x in args.scales.split(","))
+    except ValueError:
+        ap.error(f"--scales {args.scales!r}: time scales separated by commas, e.g. 4 or 1,4,8")
     if args.make_requests:
         make_requests(args.make_requests, args.requests)
         return 0
