@@ -1,7 +1,7 @@
 """Does a ladder reproduce? Two runs of the same ladder side by side: the same settings, the same verdict at every
 rung, and each headline metric within run-to-run noise.
 
-    python -m experiments.ladder_compare LADDER_A LADDER_B [--noise-sd 0.10] [--k 2]
+    python -m experiments.ladder_compare LADDER_A LADDER_B [--noise-sd 0.10] [--k 2] [--verdicts strict|consistent]
 
 LADDER_A / LADDER_B: a ladder's run directory (the one holding ladder.json and its rung directories) or its
 ladder.json. A metric is within noise when |ln(B / A)| <= k * noise_sd: noise_sd is the SD of the log ratio of
@@ -11,6 +11,16 @@ hold their snapshots): a ladder run with other settings is not a reproduction, w
 code that differ are listed, not judged (a reproduction on another machine is the point). Each rung's load (the
 trace's offered output tokens per second times the measured time per decode row; see `load`) is shown: a rung at
 0.8 or more ran at or near its capacity, where latency follows the path its queue took, and is marked where named.
+
+A verdict that differs is classified from its gates' own intervals: "borderline" when no gate passed in one run and
+failed in the other and, at every deciding gate whose status differs, the two runs' estimates differ by less than
+their 95% intervals' combined half-width (sqrt(hw_A^2 + hw_B^2), in log ratio for latency gates): the same effect
+measured twice, landing on either side of a gate's bound; "contradiction" when a gate passed in one and failed in
+the other; "disagreement" when the estimates differ by more. With one run pair per rung a latency interval is
+wide (gate.run_noise with its weight as df), so an effect a few tens of percent below a bound is borderline: its
+verdict can be pass in one run and inconclusive in the next. --verdicts strict (the default) counts every
+different verdict; consistent counts contradictions and disagreements only, and lists the borderline ones. The
+rungs each ladder kept are compared either way.
 
 Exit status: 0 reproduced, 1 not (each reason printed), 2 the input cannot be compared (missing files, other rungs).
 """
@@ -87,14 +97,75 @@ def load(metrics: dict) -> float | None:
     return served * makespan / span * step_ms / rows / 1000
 
 
+def _interval(gate: dict) -> tuple[float, float] | None:
+    """(estimate, 95% half-width) of a gate's interval; in log ratio for a latency gate (its interval is a relative
+    change). None when the gate has no interval."""
+    iv = gate.get("interval") or {}
+    est, low, high = iv.get("estimate"), iv.get("low"), iv.get("high")
+    if not all(isinstance(v, (int, float)) and math.isfinite(v) for v in (est, low, high)):
+        return None
+    if str(gate.get("gate", "")).startswith("latency"):
+        if min(est, low, high) <= -1:
+            return None
+        est, low, high = math.log1p(est), math.log1p(low), math.log1p(high)
+    return est, (high - low) / 2
+
+
+def verdict_difference(x: dict, y: dict) -> tuple[str, list[str]]:
+    """How two runs' verdicts of a rung differ: ("borderline" | "contradiction" | "disagreement", the gates' lines)."""
+    ga = {(g.get("gate"), g.get("metric")): g for g in (x.get("verdict") or {}).get("gates", [])}
+    gb = {(g.get("gate"), g.get("metric")): g for g in (y.get("verdict") or {}).get("gates", [])}
+    kind, lines = "borderline", []
+    if {x["status"], y["status"]} == {"pass", "fail"}:
+        kind = "contradiction"
+    for key in ga.keys() & gb.keys():
+        a, b = ga[key], gb[key]
+        if a.get("status") == b.get("status") or not (a.get("decides", True) or b.get("decides", True)):
+            continue
+        name = f"{key[0]}:{key[1]}"
+        if {a.get("status"), b.get("status")} == {"pass", "fail"}:
+            kind = "contradiction"
+            lines.append(f"{name}: {a.get('status')} in A, {b.get('status')} in B")
+            continue
+        ia, ib = _interval(a), _interval(b)
+        if ia is None or ib is None:  # a gate without an interval (an exact-match count) changed its mind
+            kind = "disagreement" if kind == "borderline" else kind
+            lines.append(f"{name}: {a.get('status')} in A, {b.get('status')} in B (no interval to weigh)")
+            continue
+        gap, allowed = abs(ia[0] - ib[0]), math.hypot(ia[1], ib[1])
+        if gap > allowed and kind == "borderline":
+            kind = "disagreement"
+        unit = " in log ratio" if key[0].startswith("latency") else ""
+        lines.append(f"{name}: {a.get('status')} in A ({_iv(a)}), {b.get('status')} in B ({_iv(b)}): the estimates "
+                     f"differ by {gap:.3f}{unit}, {'within' if gap <= allowed else 'beyond'} their intervals' "
+                     f"combined half-width {allowed:.3f}")
+    if not lines and x["status"] != y["status"]:
+        kind = "disagreement" if kind == "borderline" else kind
+        lines.append("no deciding gate's status differs in both runs' verdicts (a gate only one of them ran?)")
+    return kind, lines
+
+
+def _iv(gate: dict) -> str:
+    iv = gate.get("interval") or {}
+    pct = str(gate.get("gate", "")).startswith("latency")
+    f = (lambda v: f"{v:+.1%}") if pct else (lambda v: f"{v:.4g}")  # noqa: E731
+    return f"{f(iv['estimate'])} [{f(iv['low'])}, {f(iv['high'])}]"
+
+
 def _ignored(key: str, prefixes: tuple[str, ...]) -> bool:
     return any(key == p or key.startswith(p if p.endswith(".") else p + ".") for p in prefixes)
 
 
+VERDICT_MODES = ("strict", "consistent")
+
+
 def compare(a: tuple[dict, Path | None], b: tuple[dict, Path | None], noise_sd: float = 0.10,
-            k: float = 2.0, ignore: tuple[str, ...] = ()) -> tuple[bool, list[str]]:
+            k: float = 2.0, ignore: tuple[str, ...] = (), verdicts: str = "strict") -> tuple[bool, list[str]]:
     """(reproduced, the report's lines). ignore: settings (keys or prefixes) whose difference does not count,
-    e.g. a default that changed between the runs for a switch neither ran."""
+    e.g. a default that changed between the runs for a switch neither ran. verdicts: strict, every verdict that
+    differs counts; consistent, only contradictions and disagreements do (see the module's doc)."""
+    if verdicts not in VERDICT_MODES:
+        raise CompareError(f"verdicts={verdicts!r}: one of {', '.join(VERDICT_MODES)}")
     (la, da), (lb, db) = a, b
     ra, rb = la["rungs"], lb["rungs"]
     opts_a, opts_b = [r["opt"] for r in ra], [r["opt"] for r in rb]
@@ -131,6 +202,7 @@ def compare(a: tuple[dict, Path | None], b: tuple[dict, Path | None], noise_sd: 
     out.append("|---|---|---|---|---|" + "---|" * len(labels))
     checked = missed = 0
     loaded: list[str] = []
+    differing: list[tuple[str, str, list[str]]] = []  # (rung, kind, the gates' lines)
     for x, y in zip(ra, rb):
         opt = x["opt"] or "baseline"
         load_a, load_b = load(x.get("metrics", {})), load(y.get("metrics", {}))
@@ -140,7 +212,12 @@ def compare(a: tuple[dict, Path | None], b: tuple[dict, Path | None], noise_sd: 
             loaded.append(f"rung {x['rung']} ({opt})")
         n_reasons = len(reasons)
         if x["status"] != y["status"]:
-            reasons.append(f"rung {x['rung']} ({opt}): verdict {x['status']} in A, {y['status']} in B")
+            kind, gate_lines = verdict_difference(x, y)
+            differing.append((f"rung {x['rung']} ({opt}): {x['status']} in A, {y['status']} in B", kind, gate_lines))
+            if verdicts == "strict" or kind != "borderline":
+                reasons.append(f"rung {x['rung']} ({opt}): verdict {x['status']} in A, {y['status']} in B ({kind})")
+        if x.get("kept") != y.get("kept"):
+            reasons.append(f"rung {x['rung']} ({opt}): kept {x.get('kept')} in A, {y.get('kept')} in B")
         cells = []
         for label, key in ROWS:
             va, vb = x.get("metrics", {}).get(key), y.get("metrics", {}).get(key)
@@ -163,11 +240,21 @@ def compare(a: tuple[dict, Path | None], b: tuple[dict, Path | None], noise_sd: 
         same = "" if x["status"] == y["status"] else " **≠**"
         out.append(f"| {x['rung']} | {opt} | {x['status']} | {y['status']}{same} | {loads} | "
                    + " | ".join(cells) + " |")
-    verdicts = sum(x["status"] == y["status"] for x, y in zip(ra, rb))
-    out += ["", f"verdicts: {verdicts}/{len(ra)} the same; metrics: {checked - missed}/{checked} within "
+    same_verdicts = sum(x["status"] == y["status"] for x, y in zip(ra, rb))
+    out += ["", f"verdicts: {same_verdicts}/{len(ra)} the same; metrics: {checked - missed}/{checked} within "
             f"{k:g} × {noise_sd:g} in log ratio (B / A shown; bold: outside)"]
     out.append("load: the trace's offered out tok/s times the ms a decode-only step took per decode row, over 1000 "
                f"(an estimate: {LOADED:g} or more is at or near capacity)")
+    kept = sum(x.get("kept") == y.get("kept") for x, y in zip(ra, rb))
+    out.append(f"rungs kept (the ladder's decisions): the same at {kept}/{len(ra)}")
+    if differing:
+        kinds = [kind for _, kind, _ in differing]
+        out.append(f"verdicts that differ ({', '.join(f'{kinds.count(k_)} {k_}' for k_ in dict.fromkeys(kinds))}; "
+                   f"--verdicts {verdicts}: " + ("each counts" if verdicts == "strict" else
+                                                  "borderline ones do not count") + "):")
+        for head, kind, gate_lines in differing:
+            out.append(f"- {head}: {kind}")
+            out += [f"    {line}" for line in gate_lines]
     reproduced = not reasons
     out.append("reproduced" if reproduced else "not reproduced:")
     out += [f"- {r}" for r in reasons]
@@ -175,10 +262,12 @@ def compare(a: tuple[dict, Path | None], b: tuple[dict, Path | None], noise_sd: 
         out.append(f"{len(loaded)} rung(s) ran at a load of {LOADED:g} or more in A or B ({', '.join(loaded)}).")
         out.append("At or near capacity (unless a decode row costs less as the batch grows: then the load reads high) "
                    "latency follows the path")
-        out.append("the queue took and can move between runs by more than gate.run_noise says; a ladder meant to "
-                   "reproduce needs a load every rung")
-        out.append("is well below (a larger workload.time_scale, or fewer workload.num_requests from a trace whose "
-                   "rate rises).")
+        out.append("the queue took and can move between runs by more than gate.run_noise says. A larger "
+                   "workload.time_scale lowers the load only")
+        out.append("where a step's cost follows its rows: a static batch queues behind whole batches, and an eager "
+                   "step of a small model costs")
+        out.append("about the same at one row as at ten (SmolLM2 on the H200 at time scale 3: baseline load 1.05, "
+                   "E2E p99 33 s, as at 2).")
     return reproduced, out
 
 
@@ -189,6 +278,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--noise-sd", type=float, default=0.10,
                    help="SD of ln(B / A) between identical runs (gate.run_noise; default 0.10)")
     p.add_argument("--k", type=float, default=2.0, help="how many SDs a metric may move (default 2)")
+    p.add_argument("--verdicts", choices=VERDICT_MODES, default="strict",
+                   help="strict: every verdict that differs counts (default); consistent: only contradictions and "
+                        "disagreements count, borderline differences are listed")
     p.add_argument("--ignore", action="append", default=[], metavar="KEY",
                    help="a setting (or a prefix: engine.piecewise) whose difference does not count; repeatable")
     args = p.parse_args(argv)
@@ -198,7 +290,7 @@ def main(argv: list[str] | None = None) -> int:
             p.error(f"--{name.replace('_', '-')}={value}: must be a positive number")
     try:
         reproduced, lines = compare(load_ladder(args.ladder_a), load_ladder(args.ladder_b), args.noise_sd, args.k,
-                                     tuple(args.ignore))
+                                     tuple(args.ignore), args.verdicts)
     except CompareError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -94,8 +94,8 @@ def test_the_h200_rerun_at_time_scale_2_does_not_reproduce_and_says_which_rungs_
     assert main([str(SMOLLM2), str(REPRO), *CHANGED]) == 1
     out = capsys.readouterr().out
     assert "settings: 0 difference(s) (the same ladder)" in out
-    assert "rung 2 (flash_attn): verdict inconclusive in A, pass in B [load 1.08 / 1.04]" in out
-    assert "rung 3 (dynamic_batching): verdict pass in A, inconclusive in B [load 1.00 / 1.02]" in out
+    assert "rung 2 (flash_attn): verdict inconclusive in A, pass in B (borderline) [load 1.08 / 1.04]" in out
+    assert "rung 3 (dynamic_batching): verdict pass in A, inconclusive in B (borderline) [load 1.00 / 1.02]" in out
     assert "| 6 | cuda_graphs | pass | pass | 0.51 / 0.51 |" in out  # the all-on rung: half loaded, and reproduced
     assert "rung 6 (cuda_graphs):" not in out
     footer = next(line for line in out.splitlines() if "ran at a load of 0.8 or more" in line)
@@ -113,3 +113,58 @@ def test_load_is_the_offered_rate_times_the_time_per_decode_row(capsys):
     assert main([str(SMOLLM2), str(SMOLLM2)]) == 0
     out = capsys.readouterr().out
     assert "| 0 | baseline | baseline | baseline | 1.16 / 1.16 |" in out and "ran at a load" not in out
+
+
+def test_the_rerun_s_two_verdict_flips_are_borderline_and_its_metrics_still_count(capsys):
+    """Each flipped verdict is one E2E p99 gate whose two estimates agree within their intervals: with
+    --verdicts consistent they are listed, not counted; the moved metrics still are."""
+    assert main([str(SMOLLM2), str(REPRO), *CHANGED, "--verdicts", "consistent"]) == 1
+    out = capsys.readouterr().out
+    assert "verdicts that differ (2 borderline; --verdicts consistent: borderline ones do not count):" in out
+    assert ("latency_max_regression:perf/e2e_ms_p99: inconclusive in A (-8.8% [-33.1%, +24.1%]), pass in B "
+            "(-26.1% [-45.7%, +0.6%]): the estimates differ by 0.209 in log ratio, within their intervals' combined "
+            "half-width 0.436") in out
+    assert "rungs kept (the ladder's decisions): the same at 7/7" in out
+    reasons = out.split("not reproduced:", 1)[1]
+    assert "verdict" not in reasons and "rung 1 (paged_kv): TPOT p50 (ms) 29.13 -> 37.89 (1.30×)" in reasons
+    assert main([str(SMOLLM2), str(SMOLLM2), "--verdicts", "consistent"]) == 0
+
+
+def _gate(ladder: dict, rung: int) -> dict:
+    return next(g for g in ladder["rungs"][rung]["verdict"]["gates"] if g["gate"] == "latency_max_regression")
+
+
+def test_a_contradiction_a_disagreement_and_another_kept_rung_count_in_either_mode(tmp_path, capsys):
+    copy = _copy(tmp_path)
+
+    def change(ladder):
+        r3 = ladder["rungs"][3]  # pass in A: a fail here is a contradiction
+        r3["status"] = r3["verdict"]["status"] = _gate(ladder, 3)["status"] = "fail"
+        r2 = ladder["rungs"][2]  # inconclusive in A (-8.8% [-33.1%, +24.1%]): a pass far from it disagrees
+        r2["status"] = r2["verdict"]["status"] = "pass"
+        _gate(ladder, 2).update(status="pass", interval={"estimate": -0.80, "low": -0.85, "high": -0.74})
+        ladder["rungs"][5]["kept"] = False
+    _edit_ladder(copy, change)
+    for mode in ("strict", "consistent"):
+        assert main([str(SMOLLM2), str(copy), "--verdicts", mode]) == 1
+        out = capsys.readouterr().out
+        assert "rung 3 (dynamic_batching): verdict pass in A, fail in B (contradiction)" in out
+        assert "rung 2 (flash_attn): verdict inconclusive in A, pass in B (disagreement)" in out
+        assert "beyond their intervals' combined half-width" in out
+        assert "rung 5 (batched_decode): kept True in A, False in B" in out
+        assert "the same at 6/7" in out
+
+
+def test_a_borderline_flip_counts_only_when_strict(tmp_path, capsys):
+    copy = _copy(tmp_path)
+
+    def flip(ladder):  # rung 2's gate moved a little, over its bound: -8.8% -> -12%, now passing
+        r2 = ladder["rungs"][2]
+        r2["status"] = r2["verdict"]["status"] = "pass"
+        _gate(ladder, 2).update(status="pass", interval={"estimate": -0.12, "low": -0.30, "high": 0.05})
+    _edit_ladder(copy, flip)
+    assert main([str(SMOLLM2), str(copy)]) == 1
+    assert "rung 2 (flash_attn): verdict inconclusive in A, pass in B (borderline)" in capsys.readouterr().out
+    assert main([str(SMOLLM2), str(copy), "--verdicts", "consistent"]) == 0
+    out = capsys.readouterr().out
+    assert "1 borderline" in out and "\nreproduced" in out
