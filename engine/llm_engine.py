@@ -98,6 +98,7 @@ class LLMEngine:
         self.speculator = Speculator(spec, self.runner) if spec else None
         self.detokenizer = Detokenizer(self.tokenizer, batched=cfg.batched_decode)
         self.timers = StageTimers()
+        self.runner.timers = self.timers
         self.step_stats = StepStats()
         self.kv_timeline = KVTimeline(self.bytes_per_token)
         self.kv_pool_bytes = num_blocks * self.block_size * self.bytes_per_token

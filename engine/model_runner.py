@@ -18,6 +18,8 @@ through the varlen path. The draft of `draft_layers` runs decode rows through th
 """
 from __future__ import annotations
 
+from contextlib import nullcontext
+
 import numpy as np
 import torch
 
@@ -60,6 +62,7 @@ class ModelRunner:
             layer.v_cache = torch.zeros_like(layer.k_cache)
         model.attn = attn
         self.generators: dict[int, torch.Generator] = {}
+        self.timers = None  # the engine's StageTimers: a forward's input preparation is timed as "prepare"
         self.eager_decode_steps = 0  # decode steps run outside graphs (through the fused kernels if on)
         self.graphs = None
         if graph_max_batch is not None:
@@ -187,7 +190,8 @@ class ModelRunner:
         """float32 logits [sampled rows, vocab]: for each of batch.sampled_seqs in order, one row, or with
         drafts one row for its newest token and one for each draft."""
         if not batch.is_decode:
-            ids, pos, meta, last = self.prepare_varlen(batch)
+            with self._prepare():
+                ids, pos, meta, last = self.prepare_varlen(batch)
             if self.piecewise is not None:
                 logits = self.piecewise.run(ids, pos, meta, last, self.model.attn)
                 if logits is not None:
@@ -195,11 +199,17 @@ class ModelRunner:
             return self.model(ids, pos, meta, last, fused=self._fused_varlen(meta), skinny=self.kernels.skinny)
         seqs, rows = self._verify_rows(batch) if batch.has_drafts else (batch.seqs, None)
         if self.graphs is not None:
-            logits = self.graphs.run(*(rows or self._decode_inputs(seqs)), self._table_rows(seqs))
-            if logits is not None:
-                return logits
+            with self._prepare():
+                bs = self.graphs.fill(*(rows or self._decode_inputs(seqs)), self._table_rows(seqs))
+            if bs is not None:
+                return self.graphs.replay(bs, len(seqs) if rows is None else len(rows[0]))
         self.eager_decode_steps += 1
-        return self.model(*self.prepare_decode(seqs, rows), fused=self.kernels.fused, skinny=self.kernels.skinny)
+        with self._prepare():
+            inputs = self.prepare_decode(seqs, rows)
+        return self.model(*inputs, fused=self.kernels.fused, skinny=self.kernels.skinny)
+
+    def _prepare(self):
+        return self.timers.time("prepare") if self.timers is not None else nullcontext()
 
     def _verify_rows(self, batch: Batch):
         """A verify step as a decode step: a query row per token, each sequence's newest and then its drafts."""

@@ -12,8 +12,10 @@ from contextlib import contextmanager
 
 # a KV point is ~140 bytes: 2 MiB at most, far more than a plot or the 500-point curve (run_views.py) shows
 MAX_KV_POINTS = 16384
-# draft: proposing speculative drafts; verify: a decode step that verifies drafts (with prompt tokens: mixed)
-STAGES = ("tokenize", "schedule", "prefill", "decode", "mixed", "draft", "verify", "sample", "detokenize")
+# draft: proposing speculative drafts; verify: a decode step that verifies drafts (with prompt tokens: mixed);
+# prepare: the host building a forward's inputs (ids, positions, slots, block tables, their copies to the device),
+# a part of that step's prefill/decode/mixed/verify time, timed on its own: on a GPU the device waits meanwhile
+STAGES = ("tokenize", "schedule", "prepare", "prefill", "decode", "mixed", "draft", "verify", "sample", "detokenize")
 
 
 class StageTimers:
