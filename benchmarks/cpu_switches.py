@@ -2,6 +2,8 @@
 baseline, each lossless switch alone, and all of them together, in one process, on the same requests.
 
     .venv/bin/python benchmarks/cpu_switches.py --out benchmarks/results/cpu_switches.md
+    .venv/bin/python benchmarks/cpu_switches.py --configs baseline 'all on' \
+        --variant 'all on:max_num_seqs=3,max_num_batched_tokens=64'   (a config with some engine fields changed)
 
 Every config replays the identical open-loop workload (the builtin one: log-normal lengths, Poisson arrivals
 fast enough to keep a static batch full) through backends.ReferenceBackend and the in-process
@@ -68,8 +70,39 @@ def parse_args() -> argparse.Namespace:
                    help="skip the baseline's second run at the end (it shows how much the machine drifted)")
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
     p.add_argument("--configs", nargs="*", default=list(CONFIGS), choices=list(CONFIGS))
+    p.add_argument("--variant", action="append", default=[], metavar="CONFIG:KEY=VALUE,...",
+                   help="also run CONFIG with these engine fields changed, e.g. 'all on:max_num_seqs=3' (repeatable)")
     p.add_argument("--out", type=Path, default=None, help="also write the report here (markdown)")
-    return p.parse_args()
+    args = p.parse_args()
+    try:
+        args.variants = [parse_variant(v) for v in args.variant]
+    except ValueError as e:
+        p.error(str(e))
+    return args
+
+
+def parse_variant(text: str) -> tuple[str, str, dict]:
+    """'all on:max_num_seqs=3,max_num_batched_tokens=64' -> (its label, the config, the engine fields)."""
+    name, _, fields = text.partition(":")
+    if name not in CONFIGS:
+        raise ValueError(f"--variant {text!r}: the config before ':' is one of {', '.join(map(repr, CONFIGS))}")
+    known = set(EngineConfig.__dataclass_fields__)
+    out = {}
+    for item in filter(None, fields.split(",")):
+        key, sep, value = item.partition("=")
+        if not sep or key not in known:
+            raise ValueError(f"--variant {text!r}: {item!r} is not KEY=VALUE with KEY an engine field "
+                             f"(e.g. max_num_seqs, max_num_batched_tokens)")
+        out[key] = {"true": True, "false": False}.get(value.lower(), value)
+        for cast in (int, float):
+            try:
+                out[key] = cast(value)
+                break
+            except ValueError:
+                pass
+    if not out:
+        raise ValueError(f"--variant {text!r}: give at least one KEY=VALUE after ':'")
+    return f"{name}, " + ", ".join(f"{k}={v}" for k, v in out.items()), name, out
 
 
 def run_config(model_cfg: ModelConfig, engine_cfg: EngineConfig, requests: list[Request], warm: list[Request],
@@ -161,11 +194,11 @@ def main() -> None:
     results: dict[str, Result] = {}
     # on a shared machine the load drifts: the baseline runs again last, and the gap between its two runs
     # is the noise any ratio in the table should be read against
-    runs = [(name, name) for name in args.configs]
+    runs = [(name, name, {}) for name in args.configs] + args.variants
     if "baseline" in args.configs and not args.no_repeat:
-        runs.append(("baseline (again, last)", "baseline"))
-    for label, name in runs:
-        cfg = EngineConfig(**{**vars(engine_cfg), **CONFIGS[name]})
+        runs.append(("baseline (again, last)", "baseline", {}))
+    for label, name, fields in runs:
+        cfg = EngineConfig(**{**vars(engine_cfg), **CONFIGS[name], **fields})
         results[label] = run_config(model_cfg, cfg, workload.requests, warm, quality)
         print(f"{label}: {results[label].seconds:.0f} s", file=sys.stderr, flush=True)
     lines = header(args, engine_cfg, kv_bytes_per_token, workload, load_before) + table(results)
