@@ -36,6 +36,7 @@ from backends.engines import ReferenceBackend  # noqa: E402
 from quality.prompts import QualityConfig, load_prompt_set  # noqa: E402
 from traffic.metrics import compute_metrics  # noqa: E402
 from engine.opts import switch_configs  # noqa: E402
+from engine.validation import validate_engine  # noqa: E402
 from traffic.replay_config import Pacing, ReplayConfig  # noqa: E402
 from traffic.request import Request  # noqa: E402
 from traffic.workload import WorkloadConfig, build_workload  # noqa: E402
@@ -76,9 +77,21 @@ def parse_args() -> argparse.Namespace:
     args = p.parse_args()
     try:
         args.variants = [parse_variant(v) for v in args.variant]
+        labels = [label for label, _, _ in args.variants]
+        if len(set(labels)) < len(labels):
+            raise ValueError(f"--variant: the same variant twice ({', '.join(sorted({x for x in labels if labels.count(x) > 1}))})")
+        for label, name, fields in args.variants:  # refused here, before any config runs, not when its turn comes
+            try:
+                validate_engine(EngineConfig(**{**vars(base_engine(args)), **CONFIGS[name], **fields}), "cpu")
+            except ValueError as e:
+                raise ValueError(f"--variant {label!r}: {e}") from None
     except ValueError as e:
         p.error(str(e))
     return args
+
+
+def base_engine(args: argparse.Namespace) -> EngineConfig:
+    return EngineConfig(device="cpu", dtype="float32", max_model_len=args.max_model_len, kv_cache_gb=args.kv_cache_gb)
 
 
 def parse_variant(text: str) -> tuple[str, str, dict]:
@@ -93,13 +106,23 @@ def parse_variant(text: str) -> tuple[str, str, dict]:
         if not sep or key not in known:
             raise ValueError(f"--variant {text!r}: {item!r} is not KEY=VALUE with KEY an engine field "
                              f"(e.g. max_num_seqs, max_num_batched_tokens)")
-        out[key] = {"true": True, "false": False}.get(value.lower(), value)
-        for cast in (int, float):
-            try:
-                out[key] = cast(value)
-                break
-            except ValueError:
-                pass
+        default = EngineConfig.__dataclass_fields__[key].default
+        try:  # the field's own type: an int field takes an int, a float field a number, a bool field true/false
+            if isinstance(default, bool):
+                out[key] = {"true": True, "false": False}[value.lower()]
+            elif isinstance(default, int):
+                out[key] = int(value)
+            elif isinstance(default, float):
+                out[key] = float(value)
+            elif isinstance(default, str):
+                out[key] = value
+            elif default is None:  # an optional number (kv_cache_gb may be null, cpu_threads an int)
+                out[key] = None if value.lower() in ("none", "null") else (int(value) if value.lstrip("-").isdigit()
+                                                                         else float(value))
+            else:
+                raise ValueError
+        except (KeyError, ValueError):
+            raise ValueError(f"--variant {text!r}: {key}={value!r} is not a {type(default).__name__}") from None
     if not out:
         raise ValueError(f"--variant {text!r}: give at least one KEY=VALUE after ':'")
     return f"{name}, " + ", ".join(f"{k}={v}" for k, v in out.items()), name, out
@@ -181,8 +204,7 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     load_before = os.getloadavg()
     model_cfg = ModelConfig(**OmegaConf.to_container(OmegaConf.load(ROOT / "conf/model/smollm2_135m.yaml")))
-    engine_cfg = EngineConfig(device="cpu", dtype="float32", max_model_len=args.max_model_len,
-                              kv_cache_gb=args.kv_cache_gb)
+    engine_cfg = base_engine(args)
     tok = load_tokenizer(model_cfg)
     shape = model_shape(model_cfg)
     kv_bytes_per_token = shape.kv_bytes_per_token(4)  # float32

@@ -14,10 +14,12 @@ Protocol (the same for both engines, each in its own child process, one after th
   128 and 8 × 512 → 256 submitted at once.
 Ours is also run without chunked_prefill at 4× (the ablation); every step's time and load are summarized
 and logged, and a torch profiler table of 24 steps of a further 4× replay, from the step at which the last
-measured 4× repeat was 15 s in (its busiest part), says where the step time goes. That replay is not counted:
-the profiler is set up before it starts and records only those steps, but its start stalled the engine for
-seconds when it was started mid-replay (4.1-7.2 s on the H200), which backs the queue up (the first 4× repeat
-was profiled that way until 2026-12-02: TTFT p99 3.5-3.9 s against 0.24 s in the repeat after it).
+measured 4× repeat was 15 s in (its busiest part), says where the step time goes. That replay is not counted.
+Preparing the profiler's trace stalled the engine for seconds on the H200 (3.9-4.7 s), which backs the queue
+up: the first 4× repeat was profiled mid-replay until 2026-12-02 (TTFT p99 3.5-3.9 s against 0.24 s in the
+repeat after it), and a schedule that waited before warming up stalled the same way at its warmup step. So the
+trace is now prepared before the replay starts (the profiler warms up from its first step) and records only
+the chosen steps.
 
     python3 benchmarks/gpu_serving_vs_vllm.py --requests FILE --out $OUT [--only ours|vllm] --tok-dir DIR
         [--scales 1,4,8] [--repeats 2] [--skip-bursts] [--skip-ablation]   (the last three: a shorter run)
@@ -31,6 +33,7 @@ import argparse
 import asyncio
 import csv
 import json
+import math
 import os
 import random
 import statistics
@@ -169,9 +172,12 @@ def replay_ours(engine, reqs, scale: float, profile_dir: Path | None = None, pro
                 profile_steps: int = PROFILE_STEPS) -> dict:
     """The open-loop replay, stepping the engine on this thread; records every step's time and what it
     carried, and (profile_dir) a torch profiler table of `profile_steps` steps from step `profile_from_step`:
-    the profiler is set up before the replay starts and records only those steps (not a measurement all the
-    same: the seconds spent in the profiler's calls during the replay are in `profiler_stall_s`)."""
+    the profiler's trace is prepared before the replay starts and records only those steps (not a measurement
+    all the same: the seconds spent in the profiler's calls during the replay are in `profiler_stall_s`, the
+    steps it recorded in `profiled_step_numbers`)."""
     from engine.sequence import SamplingParams
+
+    from torch.profiler import record_function
 
     engine.reset_stats()
     prof, stall = None, 0.0
@@ -197,7 +203,11 @@ def replay_ours(engine, reqs, scale: float, profile_dir: Path | None = None, pro
             continue
         p0, d0, t = st.prefill_tokens, st.decode_tokens, time.perf_counter()
         starts.append(time.monotonic() - t0)
-        events = engine.step()
+        if prof is not None:  # each step named in the trace: which ones it recorded is read back from it
+            with record_function(f"{STEP_MARK}{len(steps)}"):
+                events = engine.step()
+        else:
+            events = engine.step()
         steps.append((time.perf_counter() - t, st.prefill_tokens - p0, st.decode_tokens - d0))
         if prof is not None:
             t = time.perf_counter()
@@ -218,7 +228,8 @@ def replay_ours(engine, reqs, scale: float, profile_dir: Path | None = None, pro
     out["step_log"] = [[round(a * 1e3, 2), round(s * 1e3, 3), p, d] for a, (s, p, d) in zip(starts, steps)]
     if prof is not None:
         a, b = profile_from_step, profile_from_step + profile_steps
-        _stop_profiler(prof, profile_dir / "profile_ours_replay.txt", steps[a:b], starts[a] if a < len(starts) else None)
+        out["profiled_step_numbers"] = _stop_profiler(prof, profile_dir / "profile_ours_replay.txt", steps[a:b],
+                                                      starts[a] if a < len(starts) else None)
         out["profiled_steps"] = [a, b]
         out["profiler_stall_s"] = round(stall, 3)
         out["profiler_setup_s"] = round(setup_s, 3)
@@ -251,23 +262,35 @@ MIXED_BUCKETS = ((1, 128), (129, 512), (513, 1024), (1025, 2048), (2049, 1 << 30
 
 
 def _start_profiler(from_step: int, steps: int):
-    """A profiler that records steps [from_step, from_step + steps) of the prof.step() calls to come."""
+    """A profiler that records steps [from_step, from_step + steps) of the prof.step() calls to come. It warms up
+    from the first step, so its trace is prepared here, before the replay: prepared at a later step it stalled
+    the H200 engine for seconds there."""
+    import warnings
+
     from torch.profiler import ProfilerActivity, profile, schedule
 
-    warmup = 1 if from_step else 0
-    prof = profile(activities=[ProfilerActivity.CPU] + ([] if TINY else [ProfilerActivity.CUDA]),
-                   schedule=schedule(wait=max(0, from_step - warmup), warmup=warmup, active=steps, repeat=1))
-    prof.__enter__()
+    with warnings.catch_warnings():  # warmup=0 (a window from step 0) is warned about, and is what is meant
+        warnings.simplefilter("ignore")
+        prof = profile(activities=[ProfilerActivity.CPU] + ([] if TINY else [ProfilerActivity.CUDA]),
+                       schedule=schedule(wait=0, warmup=from_step, active=steps, repeat=1))
+        prof.__enter__()
     return prof
 
 
-def _stop_profiler(prof, path: Path, steps, start_s: float | None) -> None:
+def _stop_profiler(prof, path: Path, steps, start_s: float | None) -> list[int]:
+    """Write the table of the recorded steps; the numbers of the replay's steps (from 0) the trace holds."""
     prof.__exit__(None, None, None)
+    if start_s is None:  # the replay ended before the window: nothing was recorded
+        path.write_text("no step profiled: the replay ended before the profiled steps began\n")
+        return []
     key = "cpu_time_total" if TINY else "device_time_total"
-    at = "(the replay ended first)" if start_s is None else f"from {start_s:.1f} s into the replay"
-    head = f"steps profiled {at} (ms, prompt tokens, decode tokens): " + \
+    head = f"steps profiled from {start_s:.1f} s into the replay (ms, prompt tokens, decode tokens): " + \
         ", ".join(f"({s * 1e3:.1f}, {p}, {d})" for s, p, d in steps)
     path.write_text(head + "\n" + prof.key_averages().table(sort_by=key, row_limit=30))
+    return sorted({int(e.name[len(STEP_MARK):]) for e in prof.events() if e.name.startswith(STEP_MARK)})
+
+
+STEP_MARK = "replay step "  # a profiled replay's steps, named in its trace
 
 
 def worker_ours(args) -> dict:
@@ -296,9 +319,12 @@ def worker_ours(args) -> dict:
         save()
     if str(PROFILE_SCALE) in res["replay"]:  # the profiled steps: where the last measured repeat was PROFILE_FROM_S in
         log = res["replay"][str(PROFILE_SCALE)][-1]["step_log"]
-        at = next((i for i, x in enumerate(log) if x[0] >= PROFILE_FROM_S * 1e3), 0)
-        res["replay_profiled"] = {str(PROFILE_SCALE): replay_ours(engine, reqs, PROFILE_SCALE, profile_dir=args.out,
-                                                                  profile_from_step=at)}
+        at = next((i for i, x in enumerate(log) if x[0] >= PROFILE_FROM_S * 1e3), None)
+        run = replay_ours(engine, reqs, PROFILE_SCALE, profile_dir=args.out, profile_from_step=at or 0)
+        run["profile_window"] = (f"from step {at}, where the last measured repeat was {PROFILE_FROM_S:g} s in"
+                                 if at is not None else
+                                 f"from step 0: the last measured repeat ended before {PROFILE_FROM_S:g} s")
+        res["replay_profiled"] = {str(PROFILE_SCALE): run}
     save()
     res["graphs"] = engine.opts_effective()["cuda_graphs"]
     if not TINY:
@@ -473,7 +499,8 @@ def write_report(out: Path, ours: dict, theirs: dict) -> str:
           f"- optladder: {', '.join(ours.get('opts', []))}; vLLM: {theirs.get('settings', '-')}", "",
           report(ours, theirs), ""]
     for scale, run in (ours.get("replay_profiled") or {}).items():
-        md += [f"A further {scale}× replay of ours ran with the torch profiler on (steps {run.get('profiled_steps')}; "
+        md += [f"A further {scale}× replay of ours ran with the torch profiler on (steps {run.get('profiled_steps')}, "
+               f"{run.get('profile_window')}; "
                f"its calls during the replay took {run.get('profiler_stall_s')} s; set up before it in "
                f"{run.get('profiler_setup_s')} s): not counted above; "
                "its table is profile_ours_replay.txt.", ""]
@@ -504,9 +531,11 @@ def main() -> int:
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args()
     try:
-        SCALES = tuple(int(x) if float(x).is_integer() else float(x) for x in args.scales.split(","))
+        SCALES = tuple(int(v) if v.is_integer() else v for v in (float(x) for x in args.scales.split(",")))
+        if not all(v > 0 and math.isfinite(v) for v in SCALES):
+            raise ValueError
     except ValueError:
-        ap.error(f"--scales {args.scales!r}: time scales separated by commas, e.g. 4 or 1,4,8")
+        ap.error(f"--scales {args.scales!r}: positive time scales separated by commas, e.g. 4 or 1,4,8")
     if args.make_requests:
         make_requests(args.make_requests, args.requests)
         return 0

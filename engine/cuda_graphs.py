@@ -117,19 +117,24 @@ class CUDAGraphRunner:
             tables: torch.Tensor) -> torch.Tensor | None:
         """Logits [n, vocab] of one decode step, or None when n exceeds the largest bucket (the caller
         then runs the step eagerly; counted here)."""
-        bs = self.fill(ids, pos, slots, ctx, tables)
-        return None if bs is None else self.replay(bs, len(ids))
+        bs = self.bucket(len(ids))
+        if bs is None:
+            return None
+        self.fill(bs, ids, pos, slots, ctx, tables)
+        return self.replay(bs, len(ids))
 
-    def fill(self, ids: list[int], pos: list[int], slots: list[int], ctx: list[int],
-             tables: torch.Tensor) -> int | None:
-        """Copy a step's inputs into the graphs' buffers: the bucket to replay, or None when the step is larger
-        than the largest (the caller then runs it eagerly; counted here)."""
-        bs = next((b for b in self.buckets if b >= len(ids)), None)
+    def bucket(self, n: int) -> int | None:
+        """The captured batch that holds n rows, or None when n exceeds the largest (the caller then runs the
+        step eagerly; counted here)."""
+        bs = next((b for b in self.buckets if b >= n), None)
         if bs is None:
             self.eager_fallbacks += 1
-            return None
-        self._fill(ids, pos, slots, ctx, tables, bs)
         return bs
+
+    def fill(self, bs: int, ids: list[int], pos: list[int], slots: list[int], ctx: list[int],
+             tables: torch.Tensor) -> None:
+        """Copy a step's inputs into bucket bs's buffers (the padding rows write to the dummy slot)."""
+        self._fill(ids, pos, slots, ctx, tables, bs)
 
     def replay(self, bs: int, n: int) -> torch.Tensor:
         """Logits [n, vocab] of the step `fill` prepared for bucket bs."""

@@ -198,11 +198,11 @@ class ModelRunner:
                     return logits
             return self.model(ids, pos, meta, last, fused=self._fused_varlen(meta), skinny=self.kernels.skinny)
         seqs, rows = self._verify_rows(batch) if batch.has_drafts else (batch.seqs, None)
-        if self.graphs is not None:
+        bs = None if self.graphs is None else self.graphs.bucket(len(seqs))  # (verify: seqs lists one a row)
+        if bs is not None:
             with self._prepare():
-                bs = self.graphs.fill(*(rows or self._decode_inputs(seqs)), self._table_rows(seqs))
-            if bs is not None:
-                return self.graphs.replay(bs, len(seqs) if rows is None else len(rows[0]))
+                self.graphs.fill(bs, *(rows or self._decode_inputs(seqs)), self._table_rows(seqs))
+            return self.graphs.replay(bs, len(seqs))
         self.eager_decode_steps += 1
         with self._prepare():
             inputs = self.prepare_decode(seqs, rows)

@@ -14,9 +14,10 @@ trace's offered output tokens per second times the measured time per decode row;
 
 A verdict that differs is classified from its gates' own intervals: "borderline" when no gate passed in one run and
 failed in the other and, at every deciding gate whose status differs, the two runs' estimates differ by less than
-their 95% intervals' combined half-width (sqrt(hw_A^2 + hw_B^2), in log ratio for latency gates): the same effect
-measured twice, landing on either side of a gate's bound; "contradiction" when a gate passed in one and failed in
-the other; "disagreement" when the estimates differ by more. With one run pair per rung a latency interval is
+their intervals' combined half-width (sqrt(hw_A^2 + hw_B^2), in log ratio for latency gates; the intervals at the
+gates' own level, gate.alpha, 95% by default): the same effect measured twice, landing on either side of a gate's
+bound; "contradiction" when a gate passed in one and failed in the other; "disagreement" when the estimates differ
+by more, or a deciding gate ran in one run only. With one run pair per rung a latency interval is
 wide (gate.run_noise with its weight as df), so an effect a few tens of percent below a bound is borderline: its
 verdict can be pass in one run and inconclusive in the next. --verdicts strict (the default) counts every
 different verdict; consistent counts contradictions and disagreements only, and lists the borderline ones. The
@@ -98,8 +99,8 @@ def load(metrics: dict) -> float | None:
 
 
 def _interval(gate: dict) -> tuple[float, float] | None:
-    """(estimate, 95% half-width) of a gate's interval; in log ratio for a latency gate (its interval is a relative
-    change). None when the gate has no interval."""
+    """(estimate, half-width) of a gate's interval (at the gate's level); in log ratio for a latency gate (its
+    interval is a relative change). None when the gate has no interval."""
     iv = gate.get("interval") or {}
     est, low, high = iv.get("estimate"), iv.get("low"), iv.get("high")
     if not all(isinstance(v, (int, float)) and math.isfinite(v) for v in (est, low, high)):
@@ -118,7 +119,12 @@ def verdict_difference(x: dict, y: dict) -> tuple[str, list[str]]:
     kind, lines = "borderline", []
     if {x["status"], y["status"]} == {"pass", "fail"}:
         kind = "contradiction"
-    for key in ga.keys() & gb.keys():
+    for key in sorted(ga.keys() ^ gb.keys(), key=str):  # a deciding gate only one run has: not the same judgement
+        one = ga.get(key) or gb.get(key)
+        if one.get("decides", True):
+            kind = "disagreement" if kind == "borderline" else kind
+            lines.append(f"{key[0]}:{key[1]}: only in {'A' if key in ga else 'B'} ({one.get('status')})")
+    for key in sorted(ga.keys() & gb.keys(), key=str):
         a, b = ga[key], gb[key]
         if a.get("status") == b.get("status") or not (a.get("decides", True) or b.get("decides", True)):
             continue
@@ -264,10 +270,10 @@ def compare(a: tuple[dict, Path | None], b: tuple[dict, Path | None], noise_sd: 
                    "latency follows the path")
         out.append("the queue took and can move between runs by more than gate.run_noise says. A larger "
                    "workload.time_scale lowers the load only")
-        out.append("where a step's cost follows its rows: a static batch queues behind whole batches, and an eager "
-                   "step of a small model costs")
-        out.append("about the same at one row as at ten (SmolLM2 on the H200 at time scale 3: baseline load 1.05, "
-                   "E2E p99 33 s, as at 2).")
+        out.append("where a step's cost follows its rows: a static batch makes requests wait for the batch before "
+                   "them at any rate, and a step")
+        out.append("whose cost is mostly fixed (an eager step of a small model) costs about the same with fewer "
+                   "rows (README: \"Does it reproduce?\").")
     return reproduced, out
 
 

@@ -63,7 +63,9 @@ def test_the_profiled_replay_records_the_steps_it_names(tiny_run):
     listed = table.splitlines()[0].split(": ", 1)[1]
     assert [tuple(map(int, t.split(", ")[1:])) for t in listed.strip("()").split("), (")] == \
         [(x[2], x[3]) for x in run["step_log"][a:b]]
-    # the profiler itself recorded that many steps (its schedule), not the whole replay
+    # the profiler itself recorded those steps (its schedule: ProfilerStep#N is the replay's N-th step), no others
+    assert run["profiled_step_numbers"] == list(range(a, b))
     assert [line.split()[-1] for line in table.splitlines() if line.strip().startswith("ProfilerStep*")] == ["3"]
+    assert run["profile_window"] == f"from step {a}, where the last measured repeat was 0.05 s in"
     md = (out / "gpu_serving_vs_vllm.md").read_text()
     assert "not counted above" in md and "optladder, chunked_prefill (repeat 2)" in md

@@ -168,3 +168,17 @@ def test_a_borderline_flip_counts_only_when_strict(tmp_path, capsys):
     assert main([str(SMOLLM2), str(copy), "--verdicts", "consistent"]) == 0
     out = capsys.readouterr().out
     assert "1 borderline" in out and "\nreproduced" in out
+
+
+def test_a_deciding_gate_only_one_run_has_is_a_disagreement(tmp_path, capsys):
+    copy = _copy(tmp_path)
+
+    def drop(ladder):  # B's rung 2 passes without its latency gate: not the same judgement, however close
+        r2 = ladder["rungs"][2]
+        r2["status"] = r2["verdict"]["status"] = "pass"
+        r2["verdict"]["gates"] = [g for g in r2["verdict"]["gates"] if g["gate"] != "latency_max_regression"]
+    _edit_ladder(copy, drop)
+    assert main([str(SMOLLM2), str(copy), "--verdicts", "consistent"]) == 1
+    out = capsys.readouterr().out
+    assert "rung 2 (flash_attn): verdict inconclusive in A, pass in B (disagreement)" in out
+    assert "latency_max_regression:perf/e2e_ms_p99: only in A (inconclusive)" in out
