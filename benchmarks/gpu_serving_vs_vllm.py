@@ -41,6 +41,7 @@ import subprocess
 import sys
 import time
 from collections import deque
+from contextlib import nullcontext
 from datetime import datetime
 from pathlib import Path
 
@@ -203,10 +204,8 @@ def replay_ours(engine, reqs, scale: float, profile_dir: Path | None = None, pro
             continue
         p0, d0, t = st.prefill_tokens, st.decode_tokens, time.perf_counter()
         starts.append(time.monotonic() - t0)
-        if prof is not None:  # each step named in the trace: which ones it recorded is read back from it
-            with record_function(f"{STEP_MARK}{len(steps)}"):
-                events = engine.step()
-        else:
+        # a profiled replay names each step in its trace: which ones it recorded is read back from it
+        with record_function(f"{STEP_MARK}{len(steps)}") if prof is not None else nullcontext():
             events = engine.step()
         steps.append((time.perf_counter() - t, st.prefill_tokens - p0, st.decode_tokens - d0))
         if prof is not None:

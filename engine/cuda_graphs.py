@@ -91,7 +91,7 @@ class CUDAGraphRunner:
 
     def _capture(self) -> None:
         t0 = time.perf_counter()
-        self._fill([], [], [], [], None, self.buckets[-1])  # every row padding: nothing live is touched
+        self.fill(self.buckets[-1], [], [], [], [], None)  # every row padding: nothing live is touched
         pool = None
         for bs in reversed(self.buckets):  # largest first: the smaller graphs reuse its memory pool
             args = self._args(bs)
@@ -105,23 +105,15 @@ class CUDAGraphRunner:
         torch.cuda.synchronize(self.device)
         self.capture_s = time.perf_counter() - t0
 
-    def _fill(self, ids, pos, slots, ctx, tables: torch.Tensor | None, bs: int) -> None:
+    def fill(self, bs: int, ids: list[int], pos: list[int], slots: list[int], ctx: list[int],
+             tables: torch.Tensor | None) -> None:
+        """Copy a step's inputs into bucket bs's buffers (the padding rows write to the dummy slot)."""
         pad = bs - len(ids)
         host = torch.tensor([ids + [0] * pad, pos + [0] * pad, slots + [self.dummy_slot] * pad,
                              ctx + [1] * pad], dtype=torch.long)
         self.ints[:, :bs].copy_(host)
         if tables is not None:
             self.block_tables[:tables.shape[0], :tables.shape[1]].copy_(tables)
-
-    def run(self, ids: list[int], pos: list[int], slots: list[int], ctx: list[int],
-            tables: torch.Tensor) -> torch.Tensor | None:
-        """Logits [n, vocab] of one decode step, or None when n exceeds the largest bucket (the caller
-        then runs the step eagerly; counted here)."""
-        bs = self.bucket(len(ids))
-        if bs is None:
-            return None
-        self.fill(bs, ids, pos, slots, ctx, tables)
-        return self.replay(bs, len(ids))
 
     def bucket(self, n: int) -> int | None:
         """The captured batch that holds n rows, or None when n exceeds the largest (the caller then runs the
@@ -130,11 +122,6 @@ class CUDAGraphRunner:
         if bs is None:
             self.eager_fallbacks += 1
         return bs
-
-    def fill(self, bs: int, ids: list[int], pos: list[int], slots: list[int], ctx: list[int],
-             tables: torch.Tensor) -> None:
-        """Copy a step's inputs into bucket bs's buffers (the padding rows write to the dummy slot)."""
-        self._fill(ids, pos, slots, ctx, tables, bs)
 
     def replay(self, bs: int, n: int) -> torch.Tensor:
         """Logits [n, vocab] of the step `fill` prepared for bucket bs."""

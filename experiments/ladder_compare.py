@@ -105,24 +105,34 @@ def _interval(gate: dict) -> tuple[float, float] | None:
     est, low, high = iv.get("estimate"), iv.get("low"), iv.get("high")
     if not all(isinstance(v, (int, float)) and math.isfinite(v) for v in (est, low, high)):
         return None
-    if str(gate.get("gate", "")).startswith("latency"):
+    if _latency(gate):
         if min(est, low, high) <= -1:
             return None
         est, low, high = math.log1p(est), math.log1p(low), math.log1p(high)
     return est, (high - low) / 2
 
 
+def _latency(gate: dict) -> bool:
+    """A latency gate: its interval is a relative change, compared in log ratio."""
+    return str(gate.get("gate", "")).startswith("latency")
+
+
 def verdict_difference(x: dict, y: dict) -> tuple[str, list[str]]:
-    """How two runs' verdicts of a rung differ: ("borderline" | "contradiction" | "disagreement", the gates' lines)."""
+    """How two runs' differing verdicts of a rung differ: ("borderline" | "contradiction" | "disagreement", the
+    gates' lines)."""
     ga = {(g.get("gate"), g.get("metric")): g for g in (x.get("verdict") or {}).get("gates", [])}
     gb = {(g.get("gate"), g.get("metric")): g for g in (y.get("verdict") or {}).get("gates", [])}
     kind, lines = "borderline", []
     if {x["status"], y["status"]} == {"pass", "fail"}:
         kind = "contradiction"
+
+    def disagree() -> None:  # a contradiction stays one
+        nonlocal kind
+        kind = "disagreement" if kind == "borderline" else kind
     for key in sorted(ga.keys() ^ gb.keys(), key=str):  # a deciding gate only one run has: not the same judgement
         one = ga.get(key) or gb.get(key)
         if one.get("decides", True):
-            kind = "disagreement" if kind == "borderline" else kind
+            disagree()
             lines.append(f"{key[0]}:{key[1]}: only in {'A' if key in ga else 'B'} ({one.get('status')})")
     for key in sorted(ga.keys() & gb.keys(), key=str):
         a, b = ga[key], gb[key]
@@ -135,26 +145,25 @@ def verdict_difference(x: dict, y: dict) -> tuple[str, list[str]]:
             continue
         ia, ib = _interval(a), _interval(b)
         if ia is None or ib is None:  # a gate without an interval (an exact-match count) changed its mind
-            kind = "disagreement" if kind == "borderline" else kind
+            disagree()
             lines.append(f"{name}: {a.get('status')} in A, {b.get('status')} in B (no interval to weigh)")
             continue
         gap, allowed = abs(ia[0] - ib[0]), math.hypot(ia[1], ib[1])
-        if gap > allowed and kind == "borderline":
-            kind = "disagreement"
-        unit = " in log ratio" if key[0].startswith("latency") else ""
+        if gap > allowed:
+            disagree()
+        unit = " in log ratio" if _latency(a) else ""
         lines.append(f"{name}: {a.get('status')} in A ({_iv(a)}), {b.get('status')} in B ({_iv(b)}): the estimates "
                      f"differ by {gap:.3f}{unit}, {'within' if gap <= allowed else 'beyond'} their intervals' "
                      f"combined half-width {allowed:.3f}")
-    if not lines and x["status"] != y["status"]:
-        kind = "disagreement" if kind == "borderline" else kind
+    if not lines:  # the verdicts differ, but no gate both ran says why
+        disagree()
         lines.append("no deciding gate's status differs in both runs' verdicts (a gate only one of them ran?)")
     return kind, lines
 
 
 def _iv(gate: dict) -> str:
     iv = gate.get("interval") or {}
-    pct = str(gate.get("gate", "")).startswith("latency")
-    f = (lambda v: f"{v:+.1%}") if pct else (lambda v: f"{v:.4g}")  # noqa: E731
+    f = (lambda v: f"{v:+.1%}") if _latency(gate) else (lambda v: f"{v:.4g}")  # noqa: E731
     return f"{f(iv['estimate'])} [{f(iv['low'])}, {f(iv['high'])}]"
 
 
