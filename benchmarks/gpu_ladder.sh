@@ -157,8 +157,12 @@ next_resume() {  # the name of the next resume's run directory: one past the hig
   echo "resume$(( ${hi:--1} + 1 ))"
 }
 detached() {  # start: the whole ladder in its own process session, for LADDER_S at most; poll until WAIT_S
-  local budget=${LADDER_S:-1560}
-  detach "$STATE" "$STATE/logs/$name.log" timeout -s TERM -k 40 "$budget" env PYTHONPATH="${PYTHONPATH:-}" \
+  local budget=${LADDER_S:-1560} after=()
+  # AFTER=DIR: the ladder starts once DIR/rc exists (another detached ladder on the same GPU has ended); its
+  # LADDER_S counts from then
+  [ -n "${AFTER:-}" ] && after=(bash -c 'while [ ! -f "$0" ]; do sleep 2; done; exec "$@"' "$AFTER/rc")
+  detach "$STATE" "$STATE/logs/$name.log" ${after[@]+"${after[@]}"} timeout -s TERM -k 40 "$budget" \
+    env PYTHONPATH="${PYTHONPATH:-}" \
     OPTLADDER_DATA="$OPTLADDER_DATA" ${OPTLADDER_CACHE:+OPTLADDER_CACHE="$OPTLADDER_CACHE"} PYTHONUNBUFFERED=1 \
     $PY run.py "${ARGS[@]}" "$@" hydra.run.dir="$STATE/$name"
   echo "$name" > "$STATE/detached-name"

@@ -20,6 +20,9 @@
 # (each a gpu_ladder.sh archive, in 15 MiB pieces if larger), $OUT/calls.log (both copies' output), $OUT/status.txt
 # (each copy's exit status, and the comparison's once both ended) and then $OUT/compare.md (the comparison).
 # Exit status: 124 while either copy still runs, else 0 when both ended with 0, else the first other status.
+# ONE_GPU=1 (kind nvidia-h200, one GPU): the same two copies one after the other on GPU 0, each with all the cores:
+# copy b's ladder starts once copy a's has ended (gpu_ladder.sh's AFTER), so one session's device time holds both
+# when a ladder takes less than half of it; the calls are the same, `wait` until both ended.
 set -uo pipefail
 MODE=${1:-}
 case "$MODE" in start|wait) ;; *) echo "usage: $0 start|wait (a pair of detached ladders, GPUs 0 and 1)"; exit 2 ;; esac
@@ -31,17 +34,26 @@ OUT=${OUT:-$PWD/gpu_out}
 COPIES=${COPIES:-/tmp}  # the copies: $COPIES/copy-a, copy-b; their ladders: $COPIES/optladder-ladder-a, -b
 ROOT=$PWD
 PY=${PY:-python3}
-gpu_of() { [ "$1" = b ] && echo 1 || echo 0; }  # copy a on GPU 0, b on GPU 1
+ONE_GPU=${ONE_GPU:-}
+gpu_of() { [ "$1" = b ] && [ -z "$ONE_GPU" ] && echo 1 || echo 0; }  # copy a on GPU 0, b on GPU 1 (ONE_GPU: 0)
 running() { [ -f "$COPIES/optladder-ladder-$1/run.sh" ] && [ ! -f "$COPIES/optladder-ladder-$1/rc" ]; }
 if [ "$MODE" = start ]; then
   for i in a b; do  # before anything is removed: a copy still running is not overwritten
     running "$i" && { echo "copy $i still runs ($COPIES/optladder-ladder-$i): '$0 wait' for it"; exit 2; }
   done
   n=$(nvidia-smi -L 2>/dev/null | wc -l)
-  [ -n "${SMOKE:-}" ] || [ "$n" -ge 2 ] || { echo "two GPUs needed (kind nvidia-h200-x2); nvidia-smi lists $n"; exit 2; }
+  need=2; [ -n "$ONE_GPU" ] && need=1
+  [ -n "${SMOKE:-}" ] || [ "$n" -ge "$need" ] \
+    || { echo "$need GPU(s) needed (kind nvidia-h200-x2, or ONE_GPU=1 on one); nvidia-smi lists $n"; exit 2; }
   if [ "${MODEL:-8b}" = smollm2 ] && [ -z "${SMOKE:-}" ]; then  # joined once here: two copies at once would race
     source benchmarks/gpu_smollm2.sh  # a piece carried with this call goes to /tmp/stage, where the copies read it
     [ ${#SMOL[@]} -gt 0 ] || { echo "MODEL=smollm2 needs the GGUF pieces: see gpu_ladder.sh's header"; exit 2; }
+  fi
+  # the data beside the copies: a folder carried under the checkout is gone at the next call, and with ONE_GPU copy
+  # b's ladder reads it then
+  DATA_SRC=${OPTLADDER_DATA:-$ROOT/.gpu-data}
+  if [ -d "$DATA_SRC" ] && [ "$DATA_SRC" != "$COPIES/data" ]; then
+    rm -rf "$COPIES/data" && mkdir -p "$COPIES" && cp -r "$DATA_SRC" "$COPIES/data" || exit 1
   fi
   for i in a b; do  # a copy of the checkout as it came: its files, no carried staging, no earlier outputs
     rm -rf "$COPIES/copy-$i" && mkdir -p "$COPIES/copy-$i"
@@ -59,15 +71,17 @@ pids=()
 for i in a b; do
   [ -d "$COPIES/copy-$i" ] || { echo "no $COPIES/copy-$i: '$0 start' first on this machine"; exit 2; }
   gpu=$(gpu_of "$i")
-  pin=()  # copy a on the first half of the cores, b on the second
-  if command -v taskset > /dev/null && [ "$cores" -ge 2 ]; then
+  pin=() after=()  # copy a on the first half of the cores, b on the second (ONE_GPU: one at a time, all cores)
+  [ -n "$ONE_GPU" ] && [ "$i" = b ] && after=(env AFTER="$COPIES/optladder-ladder-a")
+  if [ -z "$ONE_GPU" ] && command -v taskset > /dev/null && [ "$cores" -ge 2 ]; then
     half=$((cores / 2)); lo=$((gpu * half)); pin=(taskset -c "$lo-$((lo + half - 1))")
   fi
   mkdir -p "$OUT/$i"
-  # OPTLADDER_DATA (absolute) stays this checkout's carried data, read by both
+  # the carried data as start copied it beside the copies (else OPTLADDER_DATA as given), read by both
+  data=${OPTLADDER_DATA:-$ROOT/.gpu-data}; [ -d "$COPIES/data" ] && data=$COPIES/data
   ( cd "$COPIES/copy-$i" && CUDA_VISIBLE_DEVICES=$gpu STATE=$COPIES/optladder-ladder-$i OUT="$OUT/$i" \
-      OPTLADDER_CACHE=${OPTLADDER_CACHE:-/tmp/stage}/cache-$i OPTLADDER_DATA=${OPTLADDER_DATA:-$ROOT/.gpu-data} \
-      ${pin[@]+"${pin[@]}"} bash benchmarks/gpu_ladder.sh "$MODE" > "$OUT/$i/call.log" 2>&1
+      OPTLADDER_CACHE=${OPTLADDER_CACHE:-/tmp/stage}/cache-$i OPTLADDER_DATA=$data \
+      ${after[@]+"${after[@]}"} ${pin[@]+"${pin[@]}"} bash benchmarks/gpu_ladder.sh "$MODE" > "$OUT/$i/call.log" 2>&1
     echo $? > "$OUT/$i/rc" ) &
   pids+=($!)
 done

@@ -33,7 +33,7 @@ if os.environ.get("CUDA_VISIBLE_DEVICES", "-") == os.environ.get("FAKE_FAIL_GPU"
 run_dir = Path(next(a.split("=", 1)[1] for a in over if a.startswith("hydra.run.dir=")))
 (run_dir / ".hydra").mkdir(parents=True, exist_ok=True)
 (run_dir / "ran_in.txt").write_text(os.getcwd() + "\\n" + os.environ.get("CUDA_VISIBLE_DEVICES", "-") + "\\n"
-                                    + os.environ.get("OPTLADDER_CACHE", "-"))
+                                    + os.environ.get("OPTLADDER_CACHE", "-") + "\\n" + os.environ.get("OPTLADDER_DATA", "-"))
 (run_dir / ".hydra" / "overrides.yaml").write_text(
     "".join(f"- {{a}}\\n" for a in over if not a.startswith("hydra.")))
 store = Path(next(a for a in over if a.startswith("tracking.uri=")).split("sqlite:///", 1)[1])
@@ -170,7 +170,7 @@ def test_a_pair_runs_two_copies_each_on_its_own_gpu_state_and_cache(tmp_path, fa
         assert (copy / "run.py").is_file() and (copy / "benchmarks" / "gpu_ladder_pair.sh").is_file()
         assert not (copy / ".venv").exists() and not (copy / ".git").exists()  # the checkout's files only
         ran_in = (m / f"optladder-ladder-{i}" / "first" / "ran_in.txt").read_text().split("\n")
-        assert ran_in == [str(copy), gpu, str(tmp_path / "cache" / f"cache-{i}")]
+        assert ran_in[:3] == [str(copy), gpu, str(tmp_path / "cache" / f"cache-{i}")]
         assert members(tmp_path / "o" / i / "ladder-start.tgz") >= {"first", "mlflow", "logs"}
         assert f"== copy {i} (GPU {gpu}): exit status 0" in r.stdout
     compared = [line for line in (tmp_path / "fake.log").read_text().splitlines() if "ladder_compare" in line]
@@ -190,3 +190,33 @@ def test_a_pair_whose_copy_fails_says_which_and_exits_with_its_status(tmp_path, 
     r = pair(tmp_path, fake_py, "start", FAKE_FAIL_GPU="1")
     assert r.returncode == 3, r.stdout + r.stderr
     assert "== copy a (GPU 0): exit status 0" in r.stdout and "copy b ended with exit status 3" in r.stdout
+
+
+@pytest.mark.skipif(shutil.which("setsid") is None or shutil.which("git") is None, reason="needs setsid and git")
+def test_one_gpu_runs_the_two_copies_one_after_the_other_on_gpu_0(tmp_path, fake_py):
+    """ONE_GPU=1 (a one-GPU machine): both copies on GPU 0, copy b's run.py started only once copy a's ladder had
+    written its exit status; then compared as a pair on two GPUs is."""
+    # copy a's stand-in run.py takes a while: b starting at once would write its directory before a's rc exists
+    slow = tmp_path / "slowpy"
+    slow.write_text(f"#!/usr/bin/env bash\n[ \"$1\" = run.py ] && [ \"$STATE\" = {tmp_path}/m/optladder-ladder-a ]"
+                    f" && sleep 2\nexec {fake_py} \"$@\"\n")
+    slow.chmod(0o755)
+    data = tmp_path / "carried-data"  # gone by the time copy b starts, on a device machine
+    (data / "traces").mkdir(parents=True)
+    (data / "traces" / "t.csv").write_text("x")
+    r = pair(tmp_path, slow, "start", ONE_GPU="1", OPTLADDER_DATA=str(data))
+    shutil.rmtree(data)
+    assert r.returncode == 0, r.stdout + r.stderr
+    m = tmp_path / "m"
+    for i in ("a", "b"):
+        ran_in = (m / f"optladder-ladder-{i}" / "first" / "ran_in.txt").read_text().split("\n")
+        assert ran_in[1] == "0" and ran_in[3] == str(m / "data")
+        assert f"== copy {i} (GPU 0): exit status 0" in r.stdout
+    assert (m / "data" / "traces" / "t.csv").read_text() == "x"
+    a_ended = (m / "optladder-ladder-a" / "rc").stat().st_mtime_ns
+    b_began = (m / "optladder-ladder-b" / "first" / ".hydra").stat().st_mtime_ns
+    assert b_began >= a_ended
+    assert "AFTER" not in (m / "optladder-ladder-a" / "run.sh").read_text()
+    assert f"{m}/optladder-ladder-a/rc" in (m / "optladder-ladder-b" / "run.sh").read_text()
+    compared = [line for line in (tmp_path / "fake.log").read_text().splitlines() if "ladder_compare" in line]
+    assert len(compared) == 1
