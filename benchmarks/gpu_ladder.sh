@@ -55,9 +55,12 @@
 # then `MODEL=smollm2 bash benchmarks/gpu_ladder.sh wait` calls. (A call carries at most 64 MiB with the tree's
 # ~17 MiB, by the device tool's count, which is larger than the file bytes: it refused a half of an older two-piece
 # staging, 47 MiB, with the tree and the data at 63.6 MiB of file bytes.)
+# AFTER=DIR (start): the detached ladder waits for DIR/rc, another detached ladder's exit status, before it starts
+# (gpu_ladder_pair.sh ONE_GPU=1: two ladders one after the other on one GPU).
 # SMOKE=1 runs the same steps on the tiny model with this checkout's environment (the CPU check of the script).
 set -uo pipefail
 [ -n "${FROM:-}" ] && FROM=$(realpath -m "$FROM")  # relative to where the command was given
+[ -n "${AFTER:-}" ] && AFTER=$(realpath -m "$AFTER")
 cd "$(dirname "$0")/.."
 source benchmarks/gpu_detached.sh  # detach, wait_rc, split_archive
 OUT=${OUT:-$PWD/gpu_out}
@@ -160,7 +163,15 @@ detached() {  # start: the whole ladder in its own process session, for LADDER_S
   local budget=${LADDER_S:-1560} after=()
   # AFTER=DIR: the ladder starts once DIR/rc exists (another detached ladder on the same GPU has ended); its
   # LADDER_S counts from then
-  [ -n "${AFTER:-}" ] && after=(bash -c 'while [ ! -f "$0" ]; do sleep 2; done; exec "$@"' "$AFTER/rc")
+  # (given up, exit status 3, when no ladder has started there within AFTER_START_S, 300, or none ended within
+  # AFTER_MAX_S, 3600)
+  [ -n "${AFTER:-}" ] && after=(bash -c 'waited=0
+    while [ ! -f "$0/rc" ]; do
+      if [ ! -f "$0/run.sh" ] && [ "$waited" -ge "$1" ]; then echo "AFTER=$0: no ladder started there in ${1}s"; exit 3; fi
+      if [ "$waited" -ge "$2" ]; then echo "AFTER=$0: the ladder there did not end in ${2}s"; exit 3; fi
+      sleep 2; waited=$((waited + 2))
+    done
+    shift 2; exec "$@"' "$AFTER" "${AFTER_START_S:-300}" "${AFTER_MAX_S:-3600}")
   detach "$STATE" "$STATE/logs/$name.log" ${after[@]+"${after[@]}"} timeout -s TERM -k 40 "$budget" \
     env PYTHONPATH="${PYTHONPATH:-}" \
     OPTLADDER_DATA="$OPTLADDER_DATA" ${OPTLADDER_CACHE:+OPTLADDER_CACHE="$OPTLADDER_CACHE"} PYTHONUNBUFFERED=1 \

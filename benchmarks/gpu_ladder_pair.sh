@@ -35,12 +35,17 @@ COPIES=${COPIES:-/tmp}  # the copies: $COPIES/copy-a, copy-b; their ladders: $CO
 ROOT=$PWD
 PY=${PY:-python3}
 ONE_GPU=${ONE_GPU:-}
+# `start` records the mode, so a `wait` without ONE_GPU=1 still knows it
+[ "$MODE" = wait ] && [ -z "$ONE_GPU" ] && [ "$(cat "$COPIES/optladder-pair-mode" 2>/dev/null)" = one-gpu ] && ONE_GPU=1
 gpu_of() { [ "$1" = b ] && [ -z "$ONE_GPU" ] && echo 1 || echo 0; }  # copy a on GPU 0, b on GPU 1 (ONE_GPU: 0)
 running() { [ -f "$COPIES/optladder-ladder-$1/run.sh" ] && [ ! -f "$COPIES/optladder-ladder-$1/rc" ]; }
 if [ "$MODE" = start ]; then
   for i in a b; do  # before anything is removed: a copy still running is not overwritten
     running "$i" && { echo "copy $i still runs ($COPIES/optladder-ladder-$i): '$0 wait' for it"; exit 2; }
   done
+  # an earlier pair's ladders go first: copy b must not take copy a's old exit status for its start signal
+  rm -rf "$COPIES/optladder-ladder-a" "$COPIES/optladder-ladder-b"
+  mkdir -p "$COPIES" && { [ -n "$ONE_GPU" ] && echo one-gpu || echo two-gpu; } > "$COPIES/optladder-pair-mode"
   n=$(nvidia-smi -L 2>/dev/null | wc -l)
   need=2; [ -n "$ONE_GPU" ] && need=1
   [ -n "${SMOKE:-}" ] || [ "$n" -ge "$need" ] \
@@ -52,9 +57,9 @@ if [ "$MODE" = start ]; then
   # the data beside the copies: a folder carried under the checkout is gone at the next call, and with ONE_GPU copy
   # b's ladder reads it then
   DATA_SRC=${OPTLADDER_DATA:-$ROOT/.gpu-data}
-  if [ -d "$DATA_SRC" ] && [ "$DATA_SRC" != "$COPIES/data" ]; then
-    rm -rf "$COPIES/data" && mkdir -p "$COPIES" && cp -r "$DATA_SRC" "$COPIES/data" || exit 1
-  fi
+  rm -rf "$COPIES/optladder-data"
+  [ -d "$DATA_SRC" ] || { echo "no data at $DATA_SRC: carry .gpu-data, or set OPTLADDER_DATA to the folder carried"; exit 2; }
+  cp -r "$DATA_SRC" "$COPIES/optladder-data" || exit 1
   for i in a b; do  # a copy of the checkout as it came: its files, no carried staging, no earlier outputs
     rm -rf "$COPIES/copy-$i" && mkdir -p "$COPIES/copy-$i"
     if git rev-parse --is-inside-work-tree > /dev/null 2>&1; then
@@ -78,7 +83,7 @@ for i in a b; do
   fi
   mkdir -p "$OUT/$i"
   # the carried data as start copied it beside the copies (else OPTLADDER_DATA as given), read by both
-  data=${OPTLADDER_DATA:-$ROOT/.gpu-data}; [ -d "$COPIES/data" ] && data=$COPIES/data
+  data=${OPTLADDER_DATA:-$ROOT/.gpu-data}; [ -d "$COPIES/optladder-data" ] && data=$COPIES/optladder-data
   ( cd "$COPIES/copy-$i" && CUDA_VISIBLE_DEVICES=$gpu STATE=$COPIES/optladder-ladder-$i OUT="$OUT/$i" \
       OPTLADDER_CACHE=${OPTLADDER_CACHE:-/tmp/stage}/cache-$i OPTLADDER_DATA=$data \
       ${after[@]+"${after[@]}"} ${pin[@]+"${pin[@]}"} bash benchmarks/gpu_ladder.sh "$MODE" > "$OUT/$i/call.log" 2>&1

@@ -2,15 +2,29 @@
 rung, and each headline metric within run-to-run noise.
 
     python -m experiments.ladder_compare LADDER_A LADDER_B [--noise-sd 0.10] [--k 2] [--verdicts strict|consistent]
+        [--noise-from LADDER_C LADDER_D]
 
 LADDER_A / LADDER_B: a ladder's run directory (the one holding ladder.json and its rung directories) or its
 ladder.json. A metric is within noise when |ln(B / A)| <= k * noise_sd: noise_sd is the SD of the log ratio of
 two identical runs (gate.run_noise, measured by an A/A sweep: README, "A/A calibration"; 0.10 for E2E p99), k = 2
-about 95% of identical pairs. Settings are the rungs' resolved configs (the first rung's, when both directories
+about 95% of identical pairs. So two identical runs leave some of a ladder's ~60 metrics outside by chance (at k = 2
+each has a 4.6% chance: at least one of 60 in 94% of identical pairs); the metrics together are within noise when
+no more are outside than the 95th percentile of that chance count (a sum of each metric's chance, over the metrics
+that moved by 1% or more: a figure that barely moves, peak memory, a deterministic score, would only raise the
+allowance; the metrics of a rung move together, which this ignores) and none is as improbable as --k-max SDs (4) of
+a normal. --per-metric counts every metric outside k SDs instead. Settings are the rungs' resolved configs (the first rung's, when both directories
 hold their snapshots): a ladder run with other settings is not a reproduction, whatever its numbers. Machines and
 code that differ are listed, not judged (a reproduction on another machine is the point). Each rung's load (the
 trace's offered output tokens per second times the measured time per decode row; see `load`) is shown: a rung at
 0.8 or more ran at or near its capacity, where latency follows the path its queue took, and is marked where named.
+
+--noise-from C D measures the noise instead of assuming it: two earlier runs of one ladder (the same rungs and
+settings, refused otherwise; another pair than A and B, or the measurement would judge itself), and for each headline
+metric the root mean square of ln(D / C) over the rungs both have it (for identical ladders the true ratio is 1, so
+that is the SD of the log ratio of two runs, with as many degrees of freedom as rungs; a systematic shift between C
+and D, another machine's, is in it too: its mean is printed). It is used where measured over at least 5 rungs, never
+below --noise-sd (7 rungs measure a small SD poorly), and a metric's chance of landing outside k SDs is then
+Student's t with those degrees of freedom, not the normal's (the normal's where --noise-sd stands in).
 
 A verdict that differs is classified from its gates' own intervals: "borderline" when no gate passed in one run and
 failed in the other and, at every deciding gate whose status differs, the two runs' estimates differ by less than
@@ -174,11 +188,76 @@ def _ignored(key: str, prefixes: tuple[str, ...]) -> bool:
 VERDICT_MODES = ("strict", "consistent")
 
 
+MIN_NOISE_RUNGS = 5  # a metric's noise measured over fewer rungs is not used
+MOVED = 0.01  # a metric that moved less than this (in log ratio) does not count towards the chance allowance
+
+
+def measured_noise(c: tuple[dict, Path | None], d: tuple[dict, Path | None]
+                   ) -> dict[str, tuple[float, int, float]]:
+    """Headline metric -> (SD of the log ratio of two runs, rungs it was measured over, mean log ratio), from two runs
+    C and D of one ladder: the root mean square of ln(D / C) over the rungs that have the metric positive in both. A
+    metric that was the same at every rung gets no entry (a quality score of a deterministic engine: the band stays
+    --noise-sd, not zero); nor does one measured over fewer than MIN_NOISE_RUNGS rungs."""
+    rc, rd = c[0]["rungs"], d[0]["rungs"]
+    if [r["opt"] for r in rc] != [r["opt"] for r in rd]:
+        raise CompareError(f"--noise-from: the two ladders have other rungs: {[r['opt'] for r in rc]}, "
+                           f"{[r['opt'] for r in rd]}")
+    out: dict[str, tuple[float, int, float]] = {}
+    for _, key in ROWS:
+        logs = [math.log(y["metrics"][key] / x["metrics"][key]) for x, y in zip(rc, rd)
+                if isinstance(x.get("metrics", {}).get(key), (int, float)) and x["metrics"][key] > 0
+                and isinstance(y.get("metrics", {}).get(key), (int, float)) and y["metrics"][key] > 0]
+        if len(logs) >= MIN_NOISE_RUNGS and any(v != 0 for v in logs):
+            out[key] = (math.sqrt(sum(v * v for v in logs) / len(logs)), len(logs), sum(logs) / len(logs))
+    return out
+
+
+def settings_differences(a: tuple[dict, Path | None], b: tuple[dict, Path | None], ignore: tuple[str, ...] = ()
+                         ) -> tuple[list[tuple], list[tuple], list[str]] | None:
+    """(counted differences of the resolved configs, those not counted, the data digests that differ) between the
+    first rungs' snapshots of two ladders; None when a snapshot is missing."""
+    sa, sb = _snapshot(a[1], a[0]["rungs"][0]), _snapshot(b[1], b[0]["rungs"][0])
+    if sa is None or sb is None:
+        return None
+    every = diff_dicts(sa.get("resolved_config", {}), sb.get("resolved_config", {}))
+    settings = [d for d in every if not _ignored(d[0], NOT_SETTINGS + tuple(ignore))]
+    digests = [digest for digest in ("requests_digest", "prompts_digest") if sa.get(digest) != sb.get(digest)]
+    return settings, [d for d in every if d not in settings], digests
+
+
+def chance_outside(p: list[float], level: float = 0.95) -> int:
+    """The smallest m with P(at most m of the metrics outside) >= level, each metric i outside with chance p[i]
+    independently (a Poisson-binomial distribution, by dynamic programming)."""
+    dist = [1.0]
+    for q in p:
+        dist = [(dist[j] if j < len(dist) else 0.0) * (1 - q) + (dist[j - 1] * q if j else 0.0)
+                for j in range(len(dist) + 1)]
+    cdf = 0.0
+    for m, v in enumerate(dist):
+        cdf += v
+        if cdf >= level - 1e-12:
+            return m
+    return len(p)
+
+
+def tail(z: float, df: int) -> float:
+    """P(|X| > z): X standard normal (df 0: the SD assumed) or Student's t with df degrees of freedom (measured)."""
+    if df <= 0:
+        return math.erfc(z / math.sqrt(2))
+    from scipy.stats import t
+    return float(2 * t.sf(z, df))
+
+
 def compare(a: tuple[dict, Path | None], b: tuple[dict, Path | None], noise_sd: float = 0.10,
-            k: float = 2.0, ignore: tuple[str, ...] = (), verdicts: str = "strict") -> tuple[bool, list[str]]:
+            k: float = 2.0, ignore: tuple[str, ...] = (), verdicts: str = "strict",
+            noise: dict[str, tuple[float, int, float]] | None = None, k_max: float = 4.0,
+            per_metric: bool = False) -> tuple[bool, list[str]]:
     """(reproduced, the report's lines). ignore: settings (keys or prefixes) whose difference does not count,
     e.g. a default that changed between the runs for a switch neither ran. verdicts: strict, every verdict that
-    differs counts; consistent, only contradictions and disagreements do (see the module's doc)."""
+    differs counts; consistent, only contradictions and disagreements do (see the module's doc). noise: a metric's
+    measured SD of the log ratio (measured_noise), in place of noise_sd for that metric, never below it. k_max: a
+    metric as improbable as k_max SDs of a normal counts whatever the others do; per_metric: every metric outside k
+    SDs counts, not only more than chance leaves outside."""
     if verdicts not in VERDICT_MODES:
         raise CompareError(f"verdicts={verdicts!r}: one of {', '.join(VERDICT_MODES)}")
     (la, da), (lb, db) = a, b
@@ -186,19 +265,24 @@ def compare(a: tuple[dict, Path | None], b: tuple[dict, Path | None], noise_sd: 
     opts_a, opts_b = [r["opt"] for r in ra], [r["opt"] for r in rb]
     if opts_a != opts_b:
         raise CompareError(f"the ladders have other rungs: A {opts_a}, B {opts_b}")
-    band = k * noise_sd
+    noise = noise or {}
+    sd = {key: max(noise_sd, noise[key][0]) if key in noise else noise_sd for _, key in ROWS}
+    # degrees of freedom of a measured SD; 0 (a normal's tails) where assumed, or measured below noise_sd and raised
+    df = {key: noise[key][1] if key in noise and noise[key][0] >= noise_sd else 0 for _, key in ROWS}
+    p_gross = math.erfc(k_max / math.sqrt(2))  # as improbable as k_max SDs of a normal
+    outside: list[str] = []  # metrics outside k SDs, each named with its rung (counted below if more than chance)
+    chances: list[float] = []  # each metric that moved by MOVED or more: its chance of landing outside k SDs
     reasons: list[str] = []
     out: list[str] = []
 
     sa, sb = _snapshot(da, ra[0]), _snapshot(db, rb[0])
-    if sa is None or sb is None:
+    found = settings_differences(a, b, ignore)
+    if found is None:
         out.append("settings: not compared (a rung directory's snapshot is missing: give both run directories)")
     else:
-        every = diff_dicts(sa.get("resolved_config", {}), sb.get("resolved_config", {}))
-        settings = [d for d in every if not _ignored(d[0], NOT_SETTINGS + tuple(ignore))]
+        settings, skipped, _ = found
         out.append(f"settings: {len(settings)} difference(s)" + (":" if settings else " (the same ladder)"))
         out += [f"  {key}: {va} -> {vb}" for key, va, vb in settings]
-        skipped = [d for d in every if d not in settings]
         if skipped:
             out.append("  not counted: " + "; ".join(f"{key}: {va} -> {vb}" for key, va, vb in skipped))
         if settings:
@@ -236,6 +320,7 @@ def compare(a: tuple[dict, Path | None], b: tuple[dict, Path | None], noise_sd: 
         cells = []
         for label, key in ROWS:
             va, vb = x.get("metrics", {}).get(key), y.get("metrics", {}).get(key)
+            band = k * sd[key]
             ok = within(va, vb, band)
             if va is None and vb is None:
                 cells.append("-")
@@ -244,20 +329,46 @@ def compare(a: tuple[dict, Path | None], b: tuple[dict, Path | None], noise_sd: 
                 cells.append(f"{_fmt(va)} -> {_fmt(vb)} (?)")
                 continue
             checked += 1
+            if va and abs(math.log(vb / va)) >= MOVED:
+                chances.append(tail(k, df[key]))
             ratio = f"{vb / va:.2f}×" if va else "="
             cells.append(f"{ratio}" if ok else f"**{ratio}**")
             if not ok:
                 missed += 1
-                reasons.append(f"rung {x['rung']} ({opt}): {label} {_fmt(va)} -> {_fmt(vb)} ({vb / va:.2f}×), "
-                               f"outside ±{band:.2f} in log ratio")
+                sds_out = abs(math.log(vb / va)) / sd[key]
+                text = (f"rung {x['rung']} ({opt}): {label} {_fmt(va)} -> {_fmt(vb)} ({vb / va:.2f}×), outside "
+                        f"±{band:.2f} in log ratio ({sds_out:.1f} SDs" + (f", t with {df[key]} df" if df[key] else "")
+                        + ")")
+                if tail(sds_out, df[key]) < p_gross:  # named with the rung's load below, as its other reasons
+                    reasons.append(text + f": as improbable as {k_max:g} SDs or more")
+                else:
+                    outside.append(text + (f" [load {loads}]" if over else ""))
         if over:  # a moved figure or verdict of a rung past its capacity: say so where it is named
             reasons[n_reasons:] = [f"{r} [load {loads}]" for r in reasons[n_reasons:]]
         same = "" if x["status"] == y["status"] else " **≠**"
         out.append(f"| {x['rung']} | {opt} | {x['status']} | {y['status']}{same} | {loads} | "
                    + " | ".join(cells) + " |")
+    # how many of the metrics that moved identical runs leave outside k SDs by chance, at most, 95 times in 100
+    allowed = 0 if per_metric else chance_outside(chances)
+    moved = f"{len(chances)} that moved by {MOVED:.0%} or more"
+    chance = []
+    if len(outside) > allowed:
+        reasons += outside
+        if not per_metric:
+            reasons.append(f"{len(outside)} metrics outside {k:g} SDs (and short of {k_max:g}): more than identical "
+                           f"runs leave outside by chance (up to {allowed} of the {moved}, 95 times in 100)")
+    elif outside:
+        chance = [f"{len(outside)} metric(s) outside {k:g} SDs (and short of {k_max:g}), no more than identical runs "
+                  f"leave outside by chance (up to {allowed} of the {moved}, 95 times in 100): listed, not "
+                  "counted"] + [f"  {t}" for t in outside]
     same_verdicts = sum(x["status"] == y["status"] for x, y in zip(ra, rb))
+    sds = f"{k:g} × {noise_sd:g}" if not noise else f"{k:g} × the measured noise (below; at least {noise_sd:g})"
     out += ["", f"verdicts: {same_verdicts}/{len(ra)} the same; metrics: {checked - missed}/{checked} within "
-            f"{k:g} × {noise_sd:g} in log ratio (B / A shown; bold: outside)"]
+            f"{sds} in log ratio (B / A shown; bold: outside)"]
+    if noise:
+        out.append("noise measured (--noise-from; RMS of ln(D / C) over n rungs, its mean; used at least "
+                   f"{noise_sd:g}): " + "; ".join(f"{label} {noise[key][0]:.3f} (n={noise[key][1]}, mean "
+                                                  f"{noise[key][2]:+.3f})" for label, key in ROWS if key in noise))
     out.append("load: the trace's offered out tok/s times the ms a decode-only step took per decode row, over 1000 "
                f"(an estimate: {LOADED:g} or more is at or near capacity)")
     kept = sum(x.get("kept") == y.get("kept") for x, y in zip(ra, rb))
@@ -271,6 +382,7 @@ def compare(a: tuple[dict, Path | None], b: tuple[dict, Path | None], noise_sd: 
             out.append(f"- {head}: {kind}")
             out += [f"    {line}" for line in gate_lines]
     reproduced = not reasons
+    out += chance
     out.append("reproduced" if reproduced else "not reproduced:")
     out += [f"- {r}" for r in reasons]
     if loaded and not reproduced:
@@ -296,20 +408,57 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--verdicts", choices=VERDICT_MODES, default="strict",
                    help="strict: every verdict that differs counts (default); consistent: only contradictions and "
                         "disagreements count, borderline differences are listed")
+    p.add_argument("--k-max", type=float, default=4.0,
+                   help="a metric as improbable as this many SDs of a normal counts whatever the others do "
+                        "(default 4)")
+    p.add_argument("--per-metric", action="store_true",
+                   help="every metric outside --k SDs counts (default: only more than chance leaves outside)")
+    p.add_argument("--noise-from", nargs=2, metavar=("LADDER_C", "LADDER_D"),
+                   help="two earlier runs of one ladder (not A or B; the same settings, --ignore applying): each "
+                        "metric's noise is measured there, the RMS of ln(D / C) over the rungs (at least 5), in place "
+                        "of --noise-sd but never below it")
     p.add_argument("--ignore", action="append", default=[], metavar="KEY",
                    help="a setting (or a prefix: engine.piecewise) whose difference does not count; repeatable")
     args = p.parse_args(argv)
-    for name in ("noise_sd", "k"):
+    for name in ("noise_sd", "k", "k_max"):
         value = getattr(args, name)
         if not (value > 0 and math.isfinite(value)):
             p.error(f"--{name.replace('_', '-')}={value}: must be a positive number")
+    if args.k_max < args.k:
+        p.error(f"--k-max={args.k_max}: must be at least --k={args.k}")
     try:
+        noise = None
+        if args.noise_from:
+            def where(x: str) -> Path:  # a run directory, given as itself or by its ladder.json
+                path = Path(x).resolve()
+                return path.parent if path.is_file() else path
+            if {where(x) for x in args.noise_from} & {where(x) for x in (args.ladder_a, args.ladder_b)}:
+                raise CompareError("--noise-from: give another pair than the one compared (it would judge itself)")
+            if where(args.noise_from[0]) == where(args.noise_from[1]):
+                raise CompareError("--noise-from: C and D are the same run (every log ratio 0: nothing measured)")
+            c, d = (load_ladder(x) for x in args.noise_from)
+            found = settings_differences(c, d, tuple(args.ignore))
+            if found is None:
+                raise CompareError("--noise-from: a rung directory's snapshot is missing in C or D (give both run "
+                                   "directories: their settings must be the same ladder's)")
+            if found[0] or found[2]:
+                raise CompareError("--noise-from: C and D are not runs of one ladder (" + ", ".join(
+                    [key for key, _, _ in found[0][:6]] + found[2]) + " differ), so their ratios are effects, "
+                    "not noise (--ignore KEY for a setting that does not count)")
+            noise = measured_noise(c, d)
+            if not noise:
+                raise CompareError(f"--noise-from: no metric measured over at least {MIN_NOISE_RUNGS} rungs")
+            a_opts = [r["opt"] for r in load_ladder(args.ladder_a)[0]["rungs"]]
+            if [r["opt"] for r in c[0]["rungs"]] != a_opts:
+                print(f"note: the noise comes from a ladder with other rungs ({[r['opt'] for r in c[0]['rungs']]}) "
+                      f"than A's ({a_opts})", file=sys.stderr)
         reproduced, lines = compare(load_ladder(args.ladder_a), load_ladder(args.ladder_b), args.noise_sd, args.k,
-                                     tuple(args.ignore), args.verdicts)
+                                     tuple(args.ignore), args.verdicts, noise, args.k_max, args.per_metric)
     except CompareError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    print(f"A: {args.ladder_a}\nB: {args.ladder_b}\n")
+    print(f"A: {args.ladder_a}\nB: {args.ladder_b}" + (f"\nnoise from: {' '.join(args.noise_from)}"
+                                                          if args.noise_from else "") + "\n")
     print("\n".join(lines))
     return 0 if reproduced else 1
 

@@ -69,7 +69,8 @@ def fake_py(tmp_path: Path) -> Path:
 
 
 SETTINGS = ("FROM", "TS", "N", "RUNGS", "BASELINE", "EXTRA", "MODEL", "STOP_AFTER", "WAIT_S", "LADDER_S", "STATE",
-            "OUT", "PY", "DEADLINE_S", "SMOKE", "COPIES", "OPTLADDER_CACHE", "CUDA_VISIBLE_DEVICES")
+            "OUT", "PY", "DEADLINE_S", "SMOKE", "COPIES", "OPTLADDER_CACHE", "CUDA_VISIBLE_DEVICES", "ONE_GPU", "AFTER",
+            "AFTER_START_S", "AFTER_MAX_S", "OPTLADDER_DATA")
 
 
 def call(tmp_path: Path, fake_py: Path, state: str, out: str, mode: str = "start", **env
@@ -150,7 +151,8 @@ def test_a_resume_under_other_settings_is_refused_before_anything_runs(tmp_path,
 
 def pair(tmp_path: Path, fake_py: Path, mode: str, **env) -> subprocess.CompletedProcess:
     clean = {k: v for k, v in os.environ.items() if k not in SETTINGS}
-    e = {**clean, "SMOKE": "1", "PY": str(fake_py), "COPIES": str(tmp_path / "m"), "OUT": str(tmp_path / "o"),
+    (tmp_path / "data").mkdir(exist_ok=True)  # what a call carries (the pair copies it beside the copies)
+    e = {**clean, "SMOKE": "1", "OPTLADDER_DATA": str(tmp_path / "data"), "PY": str(fake_py), "COPIES": str(tmp_path / "m"), "OUT": str(tmp_path / "o"),
          "DEADLINE_S": "200", "POLL_S": "0.2", "OPTLADDER_CACHE": str(tmp_path / "cache"),
          "FAKE_LOG": str(tmp_path / "fake.log"), **env}
     return subprocess.run(["bash", str(ROOT / "benchmarks" / "gpu_ladder_pair.sh"), mode], env=e, cwd=ROOT,
@@ -195,28 +197,50 @@ def test_a_pair_whose_copy_fails_says_which_and_exits_with_its_status(tmp_path, 
 @pytest.mark.skipif(shutil.which("setsid") is None or shutil.which("git") is None, reason="needs setsid and git")
 def test_one_gpu_runs_the_two_copies_one_after_the_other_on_gpu_0(tmp_path, fake_py):
     """ONE_GPU=1 (a one-GPU machine): both copies on GPU 0, copy b's run.py started only once copy a's ladder had
-    written its exit status; then compared as a pair on two GPUs is."""
+    written its exit status, in a later call, after the carried data was gone; then compared as a pair on two GPUs
+    is, and a `wait` without ONE_GPU=1 still knows the mode."""
     # copy a's stand-in run.py takes a while: b starting at once would write its directory before a's rc exists
     slow = tmp_path / "slowpy"
     slow.write_text(f"#!/usr/bin/env bash\n[ \"$1\" = run.py ] && [ \"$STATE\" = {tmp_path}/m/optladder-ladder-a ]"
-                    f" && sleep 2\nexec {fake_py} \"$@\"\n")
+                    f" && sleep 3\nexec {fake_py} \"$@\"\n")
     slow.chmod(0o755)
-    data = tmp_path / "carried-data"  # gone by the time copy b starts, on a device machine
+    m = tmp_path / "m"
+    # an earlier pair's ladder a: its exit status must not start b (the pair clears it; so does copy a's own start,
+    # which usually comes first: this does not catch the race, only that the stale state does no harm)
+    (m / "optladder-ladder-a").mkdir(parents=True)
+    (m / "optladder-ladder-a" / "rc").write_text("0")
+    data = tmp_path / "carried-data"  # what the `start` call carried: gone by the next call, on a device machine
     (data / "traces").mkdir(parents=True)
     (data / "traces" / "t.csv").write_text("x")
-    r = pair(tmp_path, slow, "start", ONE_GPU="1", OPTLADDER_DATA=str(data))
+    r = pair(tmp_path, slow, "start", ONE_GPU="1", OPTLADDER_DATA=str(data), WAIT_S="1")
+    assert r.returncode == 124, r.stdout + r.stderr  # the call returned while both were still to end
+    assert not (m / "optladder-ladder-b" / "first").exists()
     shutil.rmtree(data)
+    r = pair(tmp_path, slow, "wait")  # no ONE_GPU here
     assert r.returncode == 0, r.stdout + r.stderr
-    m = tmp_path / "m"
     for i in ("a", "b"):
         ran_in = (m / f"optladder-ladder-{i}" / "first" / "ran_in.txt").read_text().split("\n")
-        assert ran_in[1] == "0" and ran_in[3] == str(m / "data")
+        assert ran_in[1] == "0" and ran_in[3] == str(m / "optladder-data")
         assert f"== copy {i} (GPU 0): exit status 0" in r.stdout
-    assert (m / "data" / "traces" / "t.csv").read_text() == "x"
+    assert (m / "optladder-data" / "traces" / "t.csv").read_text() == "x"
     a_ended = (m / "optladder-ladder-a" / "rc").stat().st_mtime_ns
     b_began = (m / "optladder-ladder-b" / "first" / ".hydra").stat().st_mtime_ns
     assert b_began >= a_ended
     assert "AFTER" not in (m / "optladder-ladder-a" / "run.sh").read_text()
-    assert f"{m}/optladder-ladder-a/rc" in (m / "optladder-ladder-b" / "run.sh").read_text()
+    assert str(m / "optladder-ladder-a") in (m / "optladder-ladder-b" / "run.sh").read_text()
     compared = [line for line in (tmp_path / "fake.log").read_text().splitlines() if "ladder_compare" in line]
     assert len(compared) == 1
+
+
+@pytest.mark.skipif(shutil.which("setsid") is None, reason="needs setsid")
+def test_a_ladder_after_one_that_never_starts_gives_up(tmp_path, fake_py):
+    r = call(tmp_path, fake_py, "s", "o", AFTER=str(tmp_path / "nothing-here"), AFTER_START_S="1", WAIT_S="20")
+    assert r.returncode == 3, r.stdout + r.stderr
+    assert "no ladder started there in 1s" in (tmp_path / "s" / "logs" / "first.log").read_text()
+    assert not (tmp_path / "s" / "first").exists()  # run.py never ran
+
+
+@pytest.mark.skipif(shutil.which("git") is None, reason="needs git")
+def test_a_pair_without_its_data_is_refused(tmp_path, fake_py):
+    r = pair(tmp_path, fake_py, "start", OPTLADDER_DATA=str(tmp_path / "not-carried"))
+    assert r.returncode == 2 and "no data at" in r.stdout and "not-carried" in r.stdout

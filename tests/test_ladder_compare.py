@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from experiments.ladder_compare import load, main
+from experiments.ladder_compare import chance_outside, load, main, tail
 from experiments.snapshot import SNAPSHOT_FILE
 
 RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "gpu_ladder_h200"
@@ -182,3 +182,104 @@ def test_a_deciding_gate_only_one_run_has_is_a_disagreement(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "rung 2 (flash_attn): verdict inconclusive in A, pass in B (disagreement)" in out
     assert "latency_max_regression:perf/e2e_ms_p99: only in A (inconclusive)" in out
+
+
+PAIR = RESULTS / "smollm2_ts2_40_pair"  # one ladder twice on one H200, one after the other (gpu_ladder_pair.sh)
+
+
+def _scale(ladder: dict, factors: dict[tuple[int, str], float]) -> None:
+    for (rung, key), f in factors.items():
+        ladder["rungs"][rung]["metrics"][key] *= f
+
+
+def test_a_few_metrics_outside_by_chance_are_listed_not_counted(tmp_path, capsys):
+    """Identical runs leave some of many metrics outside 2 SDs (4.6% each): no more than the 95th percentile of that
+    count over the metrics that moved by 1% or more counts as noise; one as improbable as --k-max SDs counts
+    whatever; --per-metric counts each."""
+    copy = _copy(tmp_path)
+    small = {(r, key): 1.02 for r in range(7) for key in ("perf/ttft_ms_p50", "perf/tpot_ms_p50",
+                                                            "perf/throughput_out_tok_s")}  # 21 that moved 2%
+    tiny = {(r, "perf/peak_mem_gb"): 1.001 for r in range(7)}  # moved, but under 1%: no chance allowance
+    _edit_ladder(copy, lambda ladder: _scale(ladder, {**small, **tiny, (3, "perf/e2e_ms_p99"): 1.3}))  # 22 moved
+    assert main([str(SMOLLM2), str(copy)]) == 0
+    out = capsys.readouterr().out
+    assert ("1 metric(s) outside 2 SDs (and short of 4), no more than identical runs leave outside by chance (up to "
+            "3 of the 22 that moved by 1% or more, 95 times in 100): listed, not counted") in out
+    assert "rung 3 (dynamic_batching): E2E p99 (ms)" in out and "(2.6 SDs)" in out and "\nreproduced" in out
+    assert main([str(SMOLLM2), str(copy), "--per-metric"]) == 1
+    # four outside 2 SDs among 22 that moved: more than chance
+    _edit_ladder(copy, lambda ladder: _scale(ladder, {(r, "perf/e2e_ms_p99"): 1.3 for r in (0, 1, 2)}))
+    assert main([str(SMOLLM2), str(copy)]) == 1
+    out = capsys.readouterr().out
+    assert ("4 metrics outside 2 SDs (and short of 4): more than identical runs leave outside by chance (up to 3 of "
+            "the 25 that moved by 1% or more") in out and out.count("E2E p99 (ms) ") >= 4
+    # one far out: 1.6x is 4.7 SDs of 0.10
+    copy2 = _copy(tmp_path / "2")
+    _edit_ladder(copy2, lambda ladder: _scale(ladder, {**small, (5, "perf/tpot_ms_p50"): 1.6}))
+    assert main([str(SMOLLM2), str(copy2)]) == 1
+    assert "(4.7 SDs): as improbable as 4 SDs or more" in capsys.readouterr().out
+    assert main([str(SMOLLM2), str(copy2), "--k-max", "5"]) == 0
+    with pytest.raises(SystemExit):
+        main([str(SMOLLM2), str(copy2), "--k-max", "1.5"])  # below --k
+    assert "--k-max=1.5: must be at least --k=2.0" in capsys.readouterr().err
+
+
+def test_chance_outside_is_the_poisson_binomial_95th_percentile():
+    from scipy.stats import binom
+
+    for n in (1, 10, 22, 44, 60):
+        assert chance_outside([0.0455] * n) == int(binom.ppf(0.95, n, 0.0455))
+    assert chance_outside([]) == 0 and chance_outside([1.0, 1.0, 0.0]) == 2
+    assert tail(2.0, 0) == pytest.approx(0.0455, abs=1e-4) and tail(2.0, 7) == pytest.approx(0.0856, abs=1e-3)
+
+
+def test_noise_measured_by_an_earlier_pair_replaces_the_assumed_one(tmp_path, capsys):
+    """--noise-from C D: each metric's SD is the RMS of ln(D / C) over the rungs (the H200 pair on one machine: E2E
+    p99 0.139), never below --noise-sd, with Student's t tails; a move the assumed 0.10 counts is within it."""
+    copy = _copy(tmp_path)
+    _edit_ladder(copy, lambda ladder: _scale(ladder, {(3, "perf/e2e_ms_p99"): 1.3}))  # 0.262 in log ratio
+    assert main([str(SMOLLM2), str(copy), "--per-metric"]) == 1
+    capsys.readouterr()
+    assert main([str(SMOLLM2), str(copy), "--per-metric", "--noise-from", str(PAIR / "a"), str(PAIR / "b")]) == 0
+    out = capsys.readouterr().out
+    assert "E2E p99 (ms) 0.139 (n=7, mean -0.085)" in out and "used at least 0.1" in out
+
+
+def test_noise_from_refuses_what_is_not_a_measurement_of_noise(tmp_path, capsys):
+    copy = _copy(tmp_path)
+    cases = ((SMOLLM2, copy, SMOLLM2, REPRO, "another pair than the one compared"),  # the pair judging itself
+             (SMOLLM2, copy, PAIR / "a", PAIR / "a", "C and D are the same run"),
+             # the changed defaults not ignored: C and D are two ladders, their ratios effects
+             (PAIR / "a", PAIR / "b", SMOLLM2, REPRO, "are not runs of one ladder (engine.piecewise_max_tokens"))
+    for a, b, c, d, why in cases:
+        assert main([str(a), str(b), "--noise-from", str(c), str(d)]) == 2
+        assert why in capsys.readouterr().err
+    short = _copy(tmp_path / "short")
+    _edit_ladder(short, lambda ladder: ladder["rungs"].pop())
+    assert main([str(PAIR / "a"), str(PAIR / "b"), "--noise-from", str(SMOLLM2), str(short)]) == 2
+    assert "--noise-from: the two ladders have other rungs" in capsys.readouterr().err
+    few = _copy(tmp_path / "few", REPRO)  # only 4 rungs with a TPOT: not measured, --noise-sd stands
+    _edit_ladder(few, lambda ladder: [r["metrics"].pop("perf/tpot_ms_p50") for r in ladder["rungs"][:3]])
+    assert main([str(PAIR / "a"), str(PAIR / "b"), "--noise-from", str(SMOLLM2), str(few), *CHANGED]) == 1
+    out = capsys.readouterr().out
+    assert "TPOT p50" not in out.split("noise measured", 1)[1].split("\n", 1)[0]
+
+
+def test_the_h200_pair_on_one_machine_has_the_same_verdicts_and_moved_eager_metrics(capsys):
+    """The committed pair (benchmarks/results/gpu_ladder_h200/smollm2_ts2_40_pair): every verdict and kept rung the
+    same, quality the same, cuda_graphs within noise; 10 metrics outside 2 x 0.10 (more than the 4 chance allows of
+    the 31 that moved by 1% or more): not reproduced; with the noise the time-scale-2 pair measured on two machines,
+    5 outside 2 SDs, as many as chance allows: reproduced."""
+    assert main([str(PAIR / "a"), str(PAIR / "b")]) == 1
+    out = capsys.readouterr().out
+    assert "settings: 0 difference(s) (the same ladder)" in out
+    assert "verdicts: 7/7 the same; metrics: 53/63 within 2 × 0.1" in out
+    assert "rungs kept (the ladder's decisions): the same at 7/7" in out
+    assert "10 metrics outside 2 SDs (and short of 4): more than identical runs leave outside by chance (up to 4 of " \
+           "the 31 that moved by 1% or more" in out
+    assert "rung 6 (cuda_graphs)" not in out.split("not reproduced:", 1)[1]
+    assert main([str(PAIR / "a"), str(PAIR / "b"), "--noise-from", str(SMOLLM2), str(REPRO), *CHANGED]) == 0
+    out = capsys.readouterr().out
+    assert "E2E p99 (ms) 0.156 (n=7, mean +0.115)" in out
+    assert "5 metric(s) outside 2 SDs (and short of 4), no more than identical runs leave outside by chance (up to 5 " \
+           "of the 31 that moved by 1% or more" in out
