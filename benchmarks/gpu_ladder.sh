@@ -61,6 +61,9 @@
 set -uo pipefail
 [ -n "${FROM:-}" ] && FROM=$(realpath -m "$FROM")  # relative to where the command was given
 [ -n "${AFTER:-}" ] && AFTER=$(realpath -m "$AFTER")
+for v in AFTER_START_S AFTER_MAX_S; do  # whole seconds, or the waiter's test never holds
+  case "${!v:-0}" in *[!0-9]*) echo "$v=${!v}: whole seconds, e.g. 300"; exit 2 ;; esac
+done
 cd "$(dirname "$0")/.."
 source benchmarks/gpu_detached.sh  # detach, wait_rc, split_archive
 OUT=${OUT:-$PWD/gpu_out}

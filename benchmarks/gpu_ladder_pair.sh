@@ -34,7 +34,7 @@ OUT=${OUT:-$PWD/gpu_out}
 COPIES=${COPIES:-/tmp}  # the copies: $COPIES/copy-a, copy-b; their ladders: $COPIES/optladder-ladder-a, -b
 ROOT=$PWD
 PY=${PY:-python3}
-ONE_GPU=${ONE_GPU:-}
+case "${ONE_GPU:-}" in ""|0) ONE_GPU= ;; *) ONE_GPU=1 ;; esac  # ONE_GPU=0 is the two-GPU mode
 # `start` records the mode, so a `wait` without ONE_GPU=1 still knows it
 [ "$MODE" = wait ] && [ -z "$ONE_GPU" ] && [ "$(cat "$COPIES/optladder-pair-mode" 2>/dev/null)" = one-gpu ] && ONE_GPU=1
 gpu_of() { [ "$1" = b ] && [ -z "$ONE_GPU" ] && echo 1 || echo 0; }  # copy a on GPU 0, b on GPU 1 (ONE_GPU: 0)
@@ -43,23 +43,23 @@ if [ "$MODE" = start ]; then
   for i in a b; do  # before anything is removed: a copy still running is not overwritten
     running "$i" && { echo "copy $i still runs ($COPIES/optladder-ladder-$i): '$0 wait' for it"; exit 2; }
   done
-  # an earlier pair's ladders go first: copy b must not take copy a's old exit status for its start signal
-  rm -rf "$COPIES/optladder-ladder-a" "$COPIES/optladder-ladder-b"
-  mkdir -p "$COPIES" && { [ -n "$ONE_GPU" ] && echo one-gpu || echo two-gpu; } > "$COPIES/optladder-pair-mode"
   n=$(nvidia-smi -L 2>/dev/null | wc -l)
   need=2; [ -n "$ONE_GPU" ] && need=1
   [ -n "${SMOKE:-}" ] || [ "$n" -ge "$need" ] \
     || { echo "$need GPU(s) needed (kind nvidia-h200-x2, or ONE_GPU=1 on one); nvidia-smi lists $n"; exit 2; }
+  # the data beside the copies: a folder carried under the checkout is gone at the next call, and with ONE_GPU copy
+  # b's ladder reads it then
+  DATA_SRC=$(realpath -m "${OPTLADDER_DATA:-$ROOT/.gpu-data}")
+  [ -d "$DATA_SRC" ] && [ "$DATA_SRC" != "$(realpath -m "$COPIES/optladder-data")" ] \
+    || { echo "no data at $DATA_SRC: carry .gpu-data, or set OPTLADDER_DATA to the folder carried"; exit 2; }
   if [ "${MODEL:-8b}" = smollm2 ] && [ -z "${SMOKE:-}" ]; then  # joined once here: two copies at once would race
     source benchmarks/gpu_smollm2.sh  # a piece carried with this call goes to /tmp/stage, where the copies read it
     [ ${#SMOL[@]} -gt 0 ] || { echo "MODEL=smollm2 needs the GGUF pieces: see gpu_ladder.sh's header"; exit 2; }
   fi
-  # the data beside the copies: a folder carried under the checkout is gone at the next call, and with ONE_GPU copy
-  # b's ladder reads it then
-  DATA_SRC=${OPTLADDER_DATA:-$ROOT/.gpu-data}
-  rm -rf "$COPIES/optladder-data"
-  [ -d "$DATA_SRC" ] || { echo "no data at $DATA_SRC: carry .gpu-data, or set OPTLADDER_DATA to the folder carried"; exit 2; }
-  cp -r "$DATA_SRC" "$COPIES/optladder-data" || exit 1
+  # checked: now an earlier pair's ladders go (copy b must not take copy a's old exit status for its start signal)
+  rm -rf "$COPIES/optladder-ladder-a" "$COPIES/optladder-ladder-b" "$COPIES/optladder-data"
+  mkdir -p "$COPIES" && { [ -n "$ONE_GPU" ] && echo one-gpu || echo two-gpu; } > "$COPIES/optladder-pair-mode"
+  mkdir "$COPIES/optladder-data" && cp -rL "$DATA_SRC"/. "$COPIES/optladder-data"/ || exit 1
   for i in a b; do  # a copy of the checkout as it came: its files, no carried staging, no earlier outputs
     rm -rf "$COPIES/copy-$i" && mkdir -p "$COPIES/copy-$i"
     if git rev-parse --is-inside-work-tree > /dev/null 2>&1; then

@@ -20,6 +20,10 @@ up: the first 4× repeat was profiled mid-replay until 2026-12-02 (TTFT p99 3.5-
 repeat after it), and a schedule that waited before warming up stalled the same way at its warmup step. So the
 trace is now prepared before the replay starts (the profiler warms up from its first step) and records only
 the chosen steps.
+vLLM's steps are logged too, from its own per-iteration details (vLLM 0.26: `enable_logging_iteration_details`,
+read by a stat logger passed to AsyncLLM): each iteration's prompt ("context") and decode ("generation") tokens and
+the time the engine core waited for the model's output, so where the two engines' step times differ can be read
+side by side (ours: the whole step, host work included; vLLM's: its model's execution, scheduling excluded).
 
     python3 benchmarks/gpu_serving_vs_vllm.py --requests FILE --out $OUT [--only ours|vllm] --tok-dir DIR
         [--scales 1,4,8] [--repeats 2] [--skip-bursts] [--skip-ablation]   (the last three: a shorter run)
@@ -32,6 +36,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import csv
+import dataclasses
 import json
 import math
 import os
@@ -344,6 +349,58 @@ def worker_ours(args) -> dict:
 
 # --- vLLM ---
 
+class VllmSteps:
+    """vLLM's iterations as a replay saw them, from the stats its AsyncLLM hands a stat logger after each engine
+    step: with iteration details on, (seconds the engine core waited for the model, prompt tokens, decode tokens)
+    an iteration; without them, the tokens of the outputs processed (prompt tokens unknown) and no time. Plain
+    Python: `logger_class` wraps it in vLLM's StatLoggerBase."""
+
+    def __init__(self):
+        self.rows: list[tuple[float, float | None, int | None, int]] = []  # (monotonic, s, prompt, decode)
+
+    def record(self, scheduler_stats=None, iteration_stats=None, *_, **__) -> None:
+        now = time.monotonic()
+        d = getattr(scheduler_stats, "iteration_details", None)
+        if d is not None and not getattr(d, "is_dummy", False):
+            self.rows.append((now, d.elapsed_ms / 1e3, int(d.num_ctx_tokens), int(d.num_generation_tokens)))
+        elif d is None and iteration_stats is not None:
+            self.rows.append((now, None, None, int(getattr(iteration_stats, "num_generation_tokens", 0))))
+
+    def clear(self) -> None:
+        self.rows.clear()
+
+    def summary(self, t0: float) -> dict:
+        """step_summary's figures over the iterations with details, and every iteration: [start ms after t0,
+        ms, prompt tokens, decode tokens] (vLLM records after the step: its start is that minus its time)."""
+        timed = [(s, p, d) for _, s, p, d in self.rows if s is not None]
+        out = {"iterations": len(self.rows), "with_details": len(timed)}
+        if timed:
+            out["steps"] = step_summary(timed)
+            out["step_log"] = [[round((t - s - t0) * 1e3, 2), round(s * 1e3, 3), p, d]
+                               for t, s, p, d in self.rows if s is not None]
+        return out
+
+    def logger_class(self):
+        """A vLLM StatLoggerBase whose every instance records into this log."""
+        try:
+            from vllm.v1.metrics.loggers import StatLoggerBase
+        except ImportError:  # where an older vLLM keeps it
+            from vllm.v1.metrics.base import StatLoggerBase
+        log = self
+
+        class StepLogger(StatLoggerBase):
+            def __init__(self, vllm_config, engine_index: int = 0):
+                pass
+
+            def record(self, *a, **k):
+                log.record(*a, **k)
+
+            def log_engine_initialized(self):
+                pass
+
+        return StepLogger
+
+
 def worker_vllm(args) -> dict:
     for k, v in dict(VLLM_NO_USAGE_STATS="1", DO_NOT_TRACK="1", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
                      VLLM_USE_FLASHINFER_SAMPLER="0").items():
@@ -369,11 +426,17 @@ def worker_vllm(args) -> dict:
     loop = asyncio.new_event_loop()
     asyncio.set_event_loop(loop)
     t = time.perf_counter()
+    steps = VllmSteps()
+    # each iteration's tokens and model time (vLLM 0.26; an older one logs the outputs' tokens alone). Our stat
+    # logger keeps the stats on; vLLM's default loggers stay off (with the details on, its logging logger would
+    # write a line an iteration from the process that serves the requests)
+    details = ({"enable_logging_iteration_details": True, "disable_log_stats": True}
+               if "enable_logging_iteration_details" in {f.name for f in dataclasses.fields(AsyncEngineArgs)} else {})
     engine = AsyncLLM.from_engine_args(AsyncEngineArgs(
         model=str(model_dir), load_format="dummy", dtype="bfloat16", max_model_len=SETTINGS["max_model_len"],
         max_num_seqs=SETTINGS["max_num_seqs"], max_num_batched_tokens=SETTINGS["max_num_batched_tokens"],
         enable_prefix_caching=False, seed=0, kv_cache_memory_bytes=int(SETTINGS["kv_gib"] * 2**30),
-        **(dict(enforce_eager=True) if TINY else {})))
+        **details, **(dict(enforce_eager=True) if TINY else {})), stat_loggers=[steps.logger_class()])
     init_s = time.perf_counter() - t
     counter = iter(range(10**9))
 
@@ -401,8 +464,9 @@ def worker_vllm(args) -> dict:
 
     async def replay(scale):
         t0 = time.monotonic() + 0.05
+        steps.clear()
         recs = await asyncio.gather(*(one(ids, n, t0 + t / scale) for _, t, ids, n in reqs))
-        return summarize(list(recs), t0)
+        return {**summarize(list(recs), t0), **steps.summary(t0)}
 
     try:
         res = {"engine": f"vLLM {vllm.__version__}", "init_s": round(init_s, 1),
@@ -485,6 +549,25 @@ def report(ours: dict, theirs: dict) -> str:
                       "for throughput):", "", *ratios, "", "## Batch-1 decode and bursts", "", *other])
 
 
+def steps_table(ours: dict, theirs: dict) -> list[str]:
+    """Each engine's steps in its first replay at each scale: how many of each kind and their median time (ours:
+    the whole step; vLLM's: its model's execution as its iteration details time it)."""
+    lines = ["| time scale | engine | decode-only steps: n, ms p50, rows | mixed: n, ms p50, prompt tokens, rows | "
+             "prompt-only: n, ms p50 |", "|---|---|---|---|---|"]
+    f = lambda v, d=1: "-" if v is None else f"{v:,.{d}f}"  # noqa: E731
+    for sc in SCALES:
+        for name, d in (("optladder", ours), (theirs.get("engine", "vLLM"), theirs)):
+            runs = d.get("replay", {}).get(str(sc), [])
+            st = (runs[0] if runs else {}).get("steps")
+            if not st:
+                continue
+            dec, mix, pro = st["decode"], st["mixed"], st["prompt_only"]
+            lines.append(f"| {sc}× | {name} | {dec['n']:,}, {f(dec['ms_p50'], 2)}, {f(dec['decode_tokens_mean'])} | "
+                         f"{mix['n']:,}, {f(mix['ms_p50'], 2)}, {f(mix['prompt_tokens_mean'], 0)}, "
+                         f"{f(mix['decode_tokens_mean'])} | {pro['n']:,}, {f(pro['ms_p50'], 2)} |")
+    return lines if len(lines) > 2 else []
+
+
 def write_report(out: Path, ours: dict, theirs: dict) -> str:
     md = ["# optladder (every GPU switch, chunked prefill) vs vLLM under the Azure trace, one GPU", "",
           f"- command: `bash benchmarks/gpu_serving_vs_vllm.sh` (report written "
@@ -497,6 +580,9 @@ def write_report(out: Path, ours: dict, theirs: dict) -> str:
           "no prefix caching",
           f"- optladder: {', '.join(ours.get('opts', []))}; vLLM: {theirs.get('settings', '-')}", "",
           report(ours, theirs), ""]
+    steps = steps_table(ours, theirs)
+    if steps:
+        md += ["## Steps (the first replay at each scale)", "", *steps, ""]
     for scale, run in (ours.get("replay_profiled") or {}).items():
         md += [f"A further {scale}× replay of ours ran with the torch profiler on (steps {run.get('profiled_steps')}, "
                f"{run.get('profile_window')}; "

