@@ -258,11 +258,17 @@ def step_summary(steps: list[tuple[float, int, int]]) -> dict:
         out["mixed_by_prompt_tokens"][f"{lo}-{hi if hi < 1 << 30 else ''}"] = {
             "n": len(xs), "ms_p50": pct(ms, .5), "total_s": round(sum(ms) / 1e3, 3),
             "decode_tokens_mean": statistics.fmean([x[2] for x in xs]) if xs else None}
+    # decode-only steps by their rows: what a step of each size costs (the weights read once, the KV read per row)
+    out["decode_by_rows"] = {}
+    for lo, hi in DECODE_BUCKETS:
+        ms = [x[0] * 1e3 for x in kinds["decode"] if lo <= x[2] <= hi]
+        out["decode_by_rows"][f"{lo}-{hi}"] = {"n": len(ms), "ms_p50": pct(ms, .5), "total_s": round(sum(ms) / 1e3, 3)}
     out["slowest"] = [[round(s * 1e3, 1), p, d] for s, p, d in sorted(steps, reverse=True)[:15]]
     return out
 
 
 MIXED_BUCKETS = ((1, 128), (129, 512), (513, 1024), (1025, 2048), (2049, 1 << 30))
+DECODE_BUCKETS = ((1, 32), (33, 64), (65, 128), (129, 256))
 
 
 def _start_profiler(from_step: int, steps: int):
@@ -565,7 +571,19 @@ def steps_table(ours: dict, theirs: dict) -> list[str]:
             lines.append(f"| {sc}× | {name} | {dec['n']:,}, {f(dec['ms_p50'], 2)}, {f(dec['decode_tokens_mean'])} | "
                          f"{mix['n']:,}, {f(mix['ms_p50'], 2)}, {f(mix['prompt_tokens_mean'], 0)}, "
                          f"{f(mix['decode_tokens_mean'])} | {pro['n']:,}, {f(pro['ms_p50'], 2)} |")
-    return lines if len(lines) > 2 else []
+    if len(lines) == 2:
+        return []
+    lines += ["", "Decode-only steps by their decode rows: n, ms p50", "",
+              "| time scale | engine | " + " | ".join(f"{lo}-{hi} rows" for lo, hi in DECODE_BUCKETS) + " |",
+              "|---|---|" + "---|" * len(DECODE_BUCKETS)]
+    for sc in SCALES:
+        for name, d in (("optladder", ours), (theirs.get("engine", "vLLM"), theirs)):
+            runs = d.get("replay", {}).get(str(sc), [])
+            by = ((runs[0] if runs else {}).get("steps") or {}).get("decode_by_rows")
+            if by:
+                lines.append(f"| {sc}× | {name} | " + " | ".join(
+                    f"{by[f'{lo}-{hi}']['n']:,}, {f(by[f'{lo}-{hi}']['ms_p50'], 2)}" for lo, hi in DECODE_BUCKETS) + " |")
+    return lines
 
 
 def write_report(out: Path, ours: dict, theirs: dict) -> str:

@@ -106,6 +106,8 @@ def test_vllm_s_iterations_are_read_from_its_iteration_details(monkeypatch):
     st = s["steps"]
     assert (st["prompt_only"]["n"], st["mixed"]["n"], st["decode"]["n"]) == (1, 1, 1)
     assert st["decode"]["ms_p50"] == pytest.approx(8.0) and st["mixed"]["decode_tokens_mean"] == 40
+    assert st["decode_by_rows"]["33-64"] == {"n": 1, "ms_p50": pytest.approx(8.0), "total_s": 0.008}
+    assert st["decode_by_rows"]["1-32"]["n"] == 0
     log.clear()
     assert log.summary(0.0) == {"iterations": 0, "with_details": 0}
 
@@ -117,12 +119,16 @@ def test_the_report_sets_both_engines_steps_side_by_side(tiny_run, monkeypatch):
     theirs = {"engine": "vLLM 0.26.0", "replay": {scale: [{"steps": res["replay"][scale][0]["steps"]}]}}
     lines = mod.steps_table(res, theirs)
     assert lines[0].startswith("| time scale | engine | decode-only steps")
-    rows = [line for line in lines[2:]]
+    rows = lines[2:4]
     assert [r.split(" | ")[1] for r in rows] == ["optladder", "vLLM 0.26.0"] and rows[0] == rows[1].replace(
         "vLLM 0.26.0", "optladder")
     dec = res["replay"][scale][0]["steps"]["decode"]
     assert f"| {dec['n']:,}, " in rows[0]
     assert mod.steps_table({}, {}) == []
+    by_rows = lines[lines.index("Decode-only steps by their decode rows: n, ms p50") + 4:]
+    assert [r.split(" | ")[1] for r in by_rows] == ["optladder", "vLLM 0.26.0"]
+    n = sum(v["n"] for v in res["replay"][scale][0]["steps"]["decode_by_rows"].values())
+    assert n == dec["n"]  # every decode-only step in one bucket
     assert "## Steps (the first replay at each scale)" in (out / "gpu_serving_vs_vllm.md").read_text()
 
 
