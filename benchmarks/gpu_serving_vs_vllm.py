@@ -377,12 +377,14 @@ class VllmSteps:
 
     def summary(self, t0: float) -> dict:
         """step_summary's figures over the iterations with details, and every iteration: [start ms after t0,
-        ms, prompt tokens, decode tokens] (vLLM records after the step: its start is that minus its time)."""
+        ms, prompt tokens, decode tokens, recorded ms after t0] (vLLM records after the step, once its outputs
+        are processed: the start is the model's time before the record; the records' spacing is the step's
+        period, scheduling and output processing included)."""
         timed = [(s, p, d) for _, s, p, d in self.rows if s is not None]
         out = {"iterations": len(self.rows), "with_details": len(timed)}
         if timed:
             out["steps"] = step_summary(timed)
-            out["step_log"] = [[round((t - s - t0) * 1e3, 2), round(s * 1e3, 3), p, d]
+            out["step_log"] = [[round((t - s - t0) * 1e3, 2), round(s * 1e3, 3), p, d, round((t - t0) * 1e3, 2)]
                                for t, s, p, d in self.rows if s is not None]
         return out
 

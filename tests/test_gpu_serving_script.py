@@ -102,7 +102,7 @@ def test_vllm_s_iterations_are_read_from_its_iteration_details(monkeypatch):
     log.record(NS(iteration_details=None), NS(num_generation_tokens=7))  # no details: tokens only
     s = log.summary(t0=9.95)
     assert s["iterations"] == 4 and s["with_details"] == 3
-    assert s["step_log"] == [[20.0, 30.0, 900, 0], [80.0, 20.0, 100, 40], [132.0, 8.0, 0, 41]]
+    assert s["step_log"] == [[20.0, 30.0, 900, 0, 50.0], [80.0, 20.0, 100, 40, 100.0], [132.0, 8.0, 0, 41, 140.0]]
     st = s["steps"]
     assert (st["prompt_only"]["n"], st["mixed"]["n"], st["decode"]["n"]) == (1, 1, 1)
     assert st["decode"]["ms_p50"] == pytest.approx(8.0) and st["mixed"]["decode_tokens_mean"] == 40
