@@ -110,10 +110,13 @@ def test_split_heuristic_depends_on_shapes_only():
     triton_or_skip()
     from engine.kernels.paged_decode import num_splits
 
-    assert num_splits(64, 8, 2048, 132) == 1  # the batch fills the chip
-    assert num_splits(1, 8, 2048, 132) == 16  # capped by MIN_TOKENS_PER_SPLIT
+    # ~96 programs a multiprocessor (the H200's 132), at most 12 splits, none under 128 tokens of max_len
+    assert num_splits(64, 8, 2048, 132) == 12  # 512 programs: capped at 12 splits
+    assert num_splits(192, 8, 8192, 132) == 9  # 1,536 programs: 12,672 / 1,536 -> 9
+    assert num_splits(256, 8, 8192, 132) == 7
+    assert num_splits(1, 8, 256, 132) == 2  # capped by MIN_TOKENS_PER_SPLIT
     assert num_splits(1, 8, 64, 132) == 1
-    assert num_splits(2, 8, 1 << 20, 132) == 17
+    assert num_splits(2048, 8, 8192, 132) == 1  # the batch alone gives each multiprocessor its programs
 
 
 # --- the varlen kernel of mixed steps (chunked prefill) against float64 ---

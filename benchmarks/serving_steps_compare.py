@@ -1,0 +1,98 @@
+"""Decode-only steps of two engines at equal rows, from the step logs benchmarks/gpu_serving_vs_vllm.py writes:
+the median time of a decode-only step in bins of decode rows, ours against vLLM's, and a least-squares line
+(ms = a + b x rows) for each, which the few long steps pull (the medians are the comparison).
+
+    python3 benchmarks/serving_steps_compare.py --ours OURS.json[.gz] --vllm VLLM.json[.gz] [--scale 4] [--bin 16]
+
+Ours: serving_ours.json, each step's whole time (host work included). vLLM: serving_vllm.json, whose log holds when
+each iteration was recorded (after its outputs were processed); a decode-only step's time there is the spacing of
+its record from the one before, and only steps whose previous step was decode-only too are kept (the spacing then
+holds no prompt work). vLLM schedules asynchronously, so a spacing measures the engine's period, which is the
+step's time while the GPU stays busy.
+"""
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import statistics
+import sys
+from pathlib import Path
+
+
+def load(path: Path) -> dict:
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt") as f:
+        return json.load(f)
+
+
+def ours_steps(run: dict) -> list[tuple[int, float]]:
+    """(decode rows, ms) of each decode-only step: [start, ms, prompt, decode] rows."""
+    return [(x[3], x[1]) for x in run["step_log"] if x[2] == 0 and x[3] > 0]
+
+
+def vllm_steps(run: dict) -> list[tuple[int, float]]:
+    """(decode rows, ms) of each decode-only iteration after a decode-only one: [start, ms, prompt, decode,
+    recorded] rows, the time being the spacing of the records."""
+    log = run["step_log"]
+    return [(cur[3], cur[4] - prev[4]) for prev, cur in zip(log, log[1:])
+            if cur[2] == 0 and cur[3] > 0 and prev[2] == 0]
+
+
+def line(points: list[tuple[int, float]]) -> tuple[float, float] | None:
+    if len(points) < 2:
+        return None
+    mx = statistics.fmean(p[0] for p in points)
+    my = statistics.fmean(p[1] for p in points)
+    sxx = sum((p[0] - mx) ** 2 for p in points)
+    if sxx == 0:
+        return None
+    b = sum((p[0] - mx) * (p[1] - my) for p in points) / sxx
+    return my - b * mx, b
+
+
+def table(ours: list[tuple[int, float]], theirs: list[tuple[int, float]], width: int = 16) -> list[str]:
+    top = max([p[0] for p in ours + theirs], default=0)
+    out = ["| decode rows | optladder: steps, ms p50 | vLLM: steps, ms p50 | optladder / vLLM |", "|---|---|---|---|"]
+    for lo in range(1, top + 1, width):
+        hi = lo + width - 1
+        a = [p[1] for p in ours if lo <= p[0] <= hi]
+        b = [p[1] for p in theirs if lo <= p[0] <= hi]
+        if not a and not b:
+            continue
+        ma = statistics.median(a) if a else None
+        mb = statistics.median(b) if b else None
+        ratio = f"{ma / mb:.2f}×" if ma and mb else "-"
+        out.append(f"| {lo}-{hi} | {len(a):,}, {'-' if ma is None else f'{ma:.2f}'} | "
+                   f"{len(b):,}, {'-' if mb is None else f'{mb:.2f}'} | {ratio} |")
+    fits = [(name, line(pts), len(pts)) for name, pts in (("optladder", ours), ("vLLM", theirs))]
+    if any(f for _, f, _ in fits):
+        out.append("")
+    out += [f"{name}: a decode-only step {f[0]:.2f} ms + {f[1]:.4f} ms a row (least squares over {n:,} steps: the "
+            f"few long ones pull it, the medians above do not)" for name, f, n in fits if f]
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--ours", type=Path, required=True)
+    ap.add_argument("--vllm", type=Path, required=True)
+    ap.add_argument("--scale", default="4")
+    ap.add_argument("--repeat", type=int, default=0, help="which repeat of each (0: the first)")
+    ap.add_argument("--bin", type=int, default=16)
+    args = ap.parse_args(argv)
+    runs = []
+    for path in (args.ours, args.vllm):
+        res = load(path)
+        reps = res.get("replay", {}).get(str(args.scale))
+        if not reps or len(reps) <= args.repeat or "step_log" not in reps[args.repeat]:
+            print(f"{path}: no step log of repeat {args.repeat} at time scale {args.scale} "
+                  f"(scales there: {', '.join(res.get('replay', {})) or 'none'})", file=sys.stderr)
+            return 2
+        runs.append(reps[args.repeat])
+    print("\n".join(table(ours_steps(runs[0]), vllm_steps(runs[1]), args.bin)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,45 @@
+"""benchmarks/serving_steps_compare.py: decode-only steps of two engines at equal rows, from their step logs."""
+import gzip
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+import serving_steps_compare as sc  # noqa: E402
+
+
+def test_ours_counts_decode_only_steps_and_vllm_the_spacing_after_a_decode_only_one():
+    ours = {"step_log": [[0, 6.0, 0, 10], [6, 30.0, 500, 10], [36, 7.0, 0, 20], [43, 1.0, 0, 0]]}
+    assert sc.ours_steps(ours) == [(10, 6.0), (20, 7.0)]
+    # vLLM: [start, model ms, prompt, decode, recorded ms]; a decode-only record after a mixed one is left out
+    vllm = {"step_log": [[0, 1, 0, 10, 5.0], [5, 1, 0, 10, 10.0], [10, 1, 300, 10, 40.0], [40, 1, 0, 12, 46.0],
+                         [46, 1, 0, 12, 52.5]]}
+    assert sc.vllm_steps(vllm) == [(10, 5.0), (12, 6.5)]
+
+
+def test_the_table_sets_medians_side_by_side_by_rows(tmp_path, capsys):
+    ours = [(r, 5.0 + 0.1 * r) for r in range(1, 40)]
+    theirs = [(r, 5.0 + 0.05 * r) for r in range(1, 40)]
+    lines = sc.table(ours, theirs, width=16)
+    assert lines[2] == "| 1-16 | 16, 5.85 | 16, 5.43 | 1.08× |"  # medians at 8.5 rows
+    assert lines[4].startswith("| 33-48 | 7, ") and lines[4].endswith("|")
+    assert any(line.startswith("optladder: a decode-only step 5.00 ms + 0.1000 ms a row") for line in lines)
+    assert any(line.startswith("vLLM: a decode-only step 5.00 ms + 0.0500 ms a row") for line in lines)
+    # the files: a gzipped run of ours, a plain one of vLLM's; a scale neither has is refused, naming theirs
+    o = tmp_path / "ours.json.gz"
+    with gzip.open(o, "wt") as f:
+        json.dump({"replay": {"4": [{"step_log": [[0, 6.0, 0, 3], [6, 7.0, 0, 3]]}]}}, f)
+    v = tmp_path / "vllm.json"
+    v.write_text(json.dumps({"replay": {"4": [{"step_log": [[0, 1, 0, 3, 1.0], [1, 1, 0, 3, 6.0]]}]}}))
+    assert sc.main(["--ours", str(o), "--vllm", str(v)]) == 0
+    assert "| 1-16 | 2, 6.50 | 1, 5.00 | 1.30× |" in capsys.readouterr().out
+    assert sc.main(["--ours", str(o), "--vllm", str(v), "--scale", "8"]) == 2
+    assert "no step log of repeat 0 at time scale 8 (scales there: 4)" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("pts", [[], [(3, 1.0)], [(3, 1.0), (3, 2.0)]])
+def test_no_line_without_two_distinct_row_counts(pts):
+    assert sc.line(pts) is None
