@@ -6,8 +6,9 @@ context_lens [B] (tokens in the cache, the new one included) -> out [B, H, D].
 - GQA: one program serves one KV head and its whole query group (H // KVH heads), so each K/V tile is
   read once for the group; the group is padded to 16 rows for the tensor-core dot.
 - online softmax in float32 (base 2), probabilities cast to the cache dtype for the ·V dot, as flash does.
-- split-K (flash-decoding): when B × KVH programs would leave the multiprocessors idle, the context is cut
-  into `num_splits` ranges, each reduced to (m, l, acc) partials, then merged by a second kernel.
+- split-K (flash-decoding): the context is cut into `num_splits` ranges, so that the multiprocessors get about
+  PROGRAMS_PER_SM programs each (one program a sequence is too few loads in flight, whatever the batch), each
+  range reduced to (m, l, acc) partials, then merged by a second kernel.
 - kv_fp8 (engine/kv_quant.py): E4M3 K/V tiles are widened in registers, the keys' per-token scales multiply
   the scores and the values' scales the probabilities, so the cache is read at one byte an element.
 - CUDA-graph capturable: no host sync; the split count depends only on the shapes (batch, heads and the
