@@ -22,8 +22,8 @@ trace is now prepared before the replay starts (the profiler warms up from its f
 the chosen steps.
 vLLM's steps are logged too, from its own per-iteration details (vLLM 0.26: `enable_logging_iteration_details`,
 read by a stat logger passed to AsyncLLM): each iteration's prompt ("context") and decode ("generation") tokens and
-the time the engine core waited for the model's output, so where the two engines' step times differ can be read
-side by side (ours: the whole step, host work included; vLLM's: its model's execution, scheduling excluded).
+when its outputs were recorded, so the two engines' steps can be read side by side (ours: each step's whole time;
+vLLM's: the spacing of its records, its period under asynchronous scheduling; see VllmSteps).
 
     python3 benchmarks/gpu_serving_vs_vllm.py --requests FILE --out $OUT [--only ours|vllm] --tok-dir DIR
         [--scales 1,4,8] [--repeats 2] [--skip-bursts] [--skip-ablation]   (the last three: a shorter run)
@@ -357,15 +357,19 @@ def worker_ours(args) -> dict:
 
 class VllmSteps:
     """vLLM's iterations as a replay saw them, from the stats its AsyncLLM hands a stat logger after each engine
-    step: with iteration details on, (seconds the engine core waited for the model, prompt tokens, decode tokens)
-    an iteration; without them, the tokens of the outputs processed (prompt tokens unknown) and no time. Plain
-    Python: `logger_class` wraps it in vLLM's StatLoggerBase."""
+    step: with iteration details on, when the iteration's outputs were recorded, how long the engine core blocked
+    waiting for the model's output, and its prompt and decode tokens; without them, the tokens of the outputs
+    processed (prompt tokens unknown) and no time. vLLM 0.26 schedules asynchronously, so the core's wait is not a
+    step's time (the next step is launched before it waits); the spacing of the records is the engine's period,
+    which is the step's time while the GPU stays busy, and is what the step summary holds. Plain Python:
+    `logger_class` wraps it in vLLM's StatLoggerBase."""
 
-    def __init__(self):
-        self.rows: list[tuple[float, float | None, int | None, int]] = []  # (monotonic, s, prompt, decode)
+    def __init__(self, clock=time.monotonic):
+        self.clock = clock
+        self.rows: list[tuple[float, float | None, int | None, int]] = []  # (recorded, wait s, prompt, decode)
 
     def record(self, scheduler_stats=None, iteration_stats=None, *_, **__) -> None:
-        now = time.monotonic()
+        now = self.clock()
         d = getattr(scheduler_stats, "iteration_details", None)
         if d is not None and not getattr(d, "is_dummy", False):
             self.rows.append((now, d.elapsed_ms / 1e3, int(d.num_ctx_tokens), int(d.num_generation_tokens)))
@@ -376,16 +380,14 @@ class VllmSteps:
         self.rows.clear()
 
     def summary(self, t0: float) -> dict:
-        """step_summary's figures over the iterations with details, and every iteration: [start ms after t0,
-        ms, prompt tokens, decode tokens, recorded ms after t0] (vLLM records after the step, once its outputs
-        are processed: the start is the model's time before the record; the records' spacing is the step's
-        period, scheduling and output processing included)."""
-        timed = [(s, p, d) for _, s, p, d in self.rows if s is not None]
+        """step_summary's figures over the iterations with details, each timed by the spacing of its record from
+        the one before (the first has none), and every such iteration: [recorded ms after t0, the core's wait ms,
+        prompt tokens, decode tokens]."""
+        timed = [r for r in self.rows if r[1] is not None]
         out = {"iterations": len(self.rows), "with_details": len(timed)}
         if timed:
-            out["steps"] = step_summary(timed)
-            out["step_log"] = [[round((t - s - t0) * 1e3, 2), round(s * 1e3, 3), p, d, round((t - t0) * 1e3, 2)]
-                               for t, s, p, d in self.rows if s is not None]
+            out["steps"] = step_summary([(cur[0] - prev[0], cur[2], cur[3]) for prev, cur in zip(timed, timed[1:])])
+            out["step_log"] = [[round((t - t0) * 1e3, 2), round(w * 1e3, 3), p, d] for t, w, p, d in timed]
         return out
 
     def logger_class(self):
@@ -559,7 +561,7 @@ def report(ours: dict, theirs: dict) -> str:
 
 def steps_table(ours: dict, theirs: dict) -> list[str]:
     """Each engine's steps in its first replay at each scale: how many of each kind and their median time (ours:
-    the whole step; vLLM's: its model's execution as its iteration details time it)."""
+    the whole step; vLLM's: the spacing of its records, see VllmSteps)."""
     lines = ["| time scale | engine | decode-only steps: n, ms p50, rows | mixed: n, ms p50, prompt tokens, rows | "
              "prompt-only: n, ms p50 |", "|---|---|---|---|---|"]
     f = lambda v, d=1: "-" if v is None else f"{v:,.{d}f}"  # noqa: E731

@@ -32,10 +32,12 @@ def ours_steps(run: dict) -> list[tuple[int, float]]:
 
 
 def vllm_steps(run: dict) -> list[tuple[int, float]]:
-    """(decode rows, ms) of each decode-only iteration after a decode-only one: [start, ms, prompt, decode,
-    recorded] rows, the time being the spacing of the records."""
+    """(decode rows, ms) of each decode-only iteration after a decode-only one, timed by the spacing of the records:
+    [recorded ms, the core's wait ms, prompt, decode] rows (the script's first version, in the results of
+    2026-12-02, wrote [recorded - wait, wait, prompt, decode, recorded])."""
     log = run["step_log"]
-    return [(cur[3], cur[4] - prev[4]) for prev, cur in zip(log, log[1:])
+    at = 4 if log and len(log[0]) == 5 else 0
+    return [(cur[3], cur[at] - prev[at]) for prev, cur in zip(log, log[1:])
             if cur[2] == 0 and cur[3] > 0 and prev[2] == 0]
 
 

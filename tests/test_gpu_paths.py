@@ -106,11 +106,35 @@ def test_paged_decode_matches_float64(case):
 
 
 @needs_triton
+def test_ranges_past_the_context_write_no_partial_and_the_merge_reads_none(monkeypatch):
+    """12 splits of a wide table over short contexts (most ranges empty): the split kernel writes no partial for
+    an empty range, so the merge must not read one. The partials' buffer is poisoned (NaN): a merge that read an
+    unwritten partial would give NaN (its weight 0 times NaN)."""
+    triton_or_skip()
+    from engine.kernels import paged_decode as pd
+    from engine.kernels.reference import paged_decode_reference, rel_error
+
+    gen = torch.Generator().manual_seed(12)
+    dtype = torch.bfloat16 if CUDA else torch.float32
+    q, kc, vc, bt, ctx = random_paged(3, 4, 2, 16, 16, 256, dtype, gen, empty_row=True)
+    ctx[0], ctx[1] = 40, 7  # ranges of 64 tokens: 1 of 12 live, the rest past the context
+    real_empty = torch.empty
+    monkeypatch.setattr(pd.torch, "empty", lambda *a, **k: real_empty(*a, **k).fill_(float("nan")))
+    out = pd.paged_decode_attention(q, kc, vc, bt, ctx, splits=12)
+    assert not torch.isnan(out).any()
+    assert rel_error(out, paged_decode_reference(q, kc, vc, bt, ctx)) <= (1e-2 if CUDA else 1e-5)
+    assert out[-1].abs().max() == 0
+
+
+@needs_triton
 def test_split_heuristic_depends_on_shapes_only():
     triton_or_skip()
     from engine.kernels.paged_decode import num_splits
 
-    # ~96 programs a multiprocessor (the H200's 132), at most 12 splits, none under 128 tokens of max_len
+    # the larger of two waves' worth (decides batches of 1 and 2) and ~96 programs a multiprocessor (at most 12),
+    # none under 128 tokens of max_len, at most 32
+    assert num_splits(1, 8, 8192, 132) == 32 and num_splits(2, 8, 8192, 132) == 17  # two waves, as before
+    assert num_splits(8, 8, 8192, 132) == 12 and num_splits(16, 8, 8192, 132) == 12
     assert num_splits(64, 8, 2048, 132) == 12  # 512 programs: capped at 12 splits
     assert num_splits(192, 8, 8192, 132) == 9  # 1,536 programs: 12,672 / 1,536 -> 9
     assert num_splits(256, 8, 8192, 132) == 7

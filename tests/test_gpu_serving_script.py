@@ -83,30 +83,31 @@ def _script(monkeypatch):
 
 def test_vllm_s_iterations_are_read_from_its_iteration_details(monkeypatch):
     """What vLLM's AsyncLLM hands a stat logger after each step (0.26: SchedulerStats.iteration_details with the
-    context and generation tokens and the model's elapsed ms), as the replay's step log and summary: a dummy
-    iteration (data parallel) is not a step; without details only the tokens of the outputs are known."""
+    context and generation tokens and the core's wait), as the replay's step log and summary: each iteration timed
+    by the spacing of its record from the one before (the core's wait is not a step's time under asynchronous
+    scheduling); a dummy iteration (data parallel) is not a step; without details only the tokens are known."""
     from types import SimpleNamespace as NS
 
     mod = _script(monkeypatch)
     clock = iter([10.0, 10.05, 10.09, 10.10, 10.2])
-    monkeypatch.setattr(mod.time, "monotonic", lambda: next(clock))
-    log = mod.VllmSteps()
+    log = mod.VllmSteps(clock=lambda: next(clock))
 
     def details(ctx, gen, ms, dummy=False):
         return NS(iteration_details=NS(num_ctx_tokens=ctx, num_generation_tokens=gen, elapsed_ms=ms,
                                        is_dummy=dummy))
     log.record(details(900, 0, 30.0), NS(num_generation_tokens=1))  # a prompt-only step
-    log.record(details(100, 40, 20.0), None, mm_cache_stats=None, engine_idx=0)  # mixed, as vLLM passes them
-    log.record(details(0, 41, 8.0), NS(num_generation_tokens=41))  # decode only
+    log.record(details(100, 40, 0.5), None, mm_cache_stats=None, engine_idx=0)  # mixed, as vLLM passes them
+    log.record(details(0, 41, 2.0), NS(num_generation_tokens=41))  # decode only
     log.record(details(0, 0, 0.0, dummy=True), None)  # not a step
     log.record(NS(iteration_details=None), NS(num_generation_tokens=7))  # no details: tokens only
     s = log.summary(t0=9.95)
     assert s["iterations"] == 4 and s["with_details"] == 3
-    assert s["step_log"] == [[20.0, 30.0, 900, 0, 50.0], [80.0, 20.0, 100, 40, 100.0], [132.0, 8.0, 0, 41, 140.0]]
-    st = s["steps"]
-    assert (st["prompt_only"]["n"], st["mixed"]["n"], st["decode"]["n"]) == (1, 1, 1)
-    assert st["decode"]["ms_p50"] == pytest.approx(8.0) and st["mixed"]["decode_tokens_mean"] == 40
-    assert st["decode_by_rows"]["33-64"] == {"n": 1, "ms_p50": pytest.approx(8.0), "total_s": 0.008}
+    assert s["step_log"] == [[50.0, 30.0, 900, 0], [100.0, 0.5, 100, 40], [140.0, 2.0, 0, 41]]
+    st = s["steps"]  # the first record has no spacing before it: two steps timed, 50 and 40 ms
+    assert (st["prompt_only"]["n"], st["mixed"]["n"], st["decode"]["n"]) == (0, 1, 1)
+    assert st["mixed"]["ms_p50"] == pytest.approx(50.0) and st["decode"]["ms_p50"] == pytest.approx(40.0)
+    assert st["mixed"]["decode_tokens_mean"] == 40
+    assert st["decode_by_rows"]["33-64"] == {"n": 1, "ms_p50": pytest.approx(40.0), "total_s": 0.04}
     assert st["decode_by_rows"]["1-32"]["n"] == 0
     log.clear()
     assert log.summary(0.0) == {"iterations": 0, "with_details": 0}
@@ -164,5 +165,6 @@ def test_the_vllm_worker_logs_every_iteration_with_its_tokens(tmp_path):
     assert sum(x[2] for x in log) == sum(min(max(1, n_in), 200) for _, n_in, _ in rows)  # every prompt token
     # vLLM counts a request's decode tokens after its prompt's last step: one fewer than its output tokens
     assert sum(x[3] for x in log) == sum(n_out - 1 for _, _, n_out in rows)
-    assert all(x[1] > 0 for x in log)  # the model's time (starts: each record's time less it, not ordered)
-    assert run["steps"]["decode"]["n"] + run["steps"]["mixed"]["n"] + run["steps"]["prompt_only"]["n"] == len(log)
+    assert all(x[1] >= 0 for x in log) and [x[0] for x in log] == sorted(x[0] for x in log)  # records in order
+    # every iteration but the first (no record before it to time it by) is a step of the summary
+    assert run["steps"]["decode"]["n"] + run["steps"]["mixed"]["n"] + run["steps"]["prompt_only"]["n"] == len(log) - 1

@@ -14,10 +14,12 @@ import serving_steps_compare as sc  # noqa: E402
 def test_ours_counts_decode_only_steps_and_vllm_the_spacing_after_a_decode_only_one():
     ours = {"step_log": [[0, 6.0, 0, 10], [6, 30.0, 500, 10], [36, 7.0, 0, 20], [43, 1.0, 0, 0]]}
     assert sc.ours_steps(ours) == [(10, 6.0), (20, 7.0)]
-    # vLLM: [start, model ms, prompt, decode, recorded ms]; a decode-only record after a mixed one is left out
-    vllm = {"step_log": [[0, 1, 0, 10, 5.0], [5, 1, 0, 10, 10.0], [10, 1, 300, 10, 40.0], [40, 1, 0, 12, 46.0],
-                         [46, 1, 0, 12, 52.5]]}
+    # vLLM: [recorded ms, the core's wait, prompt, decode]; a decode-only record after a mixed one is left out
+    vllm = {"step_log": [[5.0, 1, 0, 10], [10.0, 1, 0, 10], [40.0, 1, 300, 10], [46.0, 1, 0, 12], [52.5, 1, 0, 12]]}
     assert sc.vllm_steps(vllm) == [(10, 5.0), (12, 6.5)]
+    # the first version's rows (2026-12-02's results): [recorded - wait, wait, prompt, decode, recorded]
+    first = {"step_log": [[r[0] - 1, 1, r[2], r[3], r[0]] for r in vllm["step_log"]]}
+    assert sc.vllm_steps(first) == [(10, 5.0), (12, 6.5)]
 
 
 def test_the_table_sets_medians_side_by_side_by_rows(tmp_path, capsys):
@@ -33,7 +35,7 @@ def test_the_table_sets_medians_side_by_side_by_rows(tmp_path, capsys):
     with gzip.open(o, "wt") as f:
         json.dump({"replay": {"4": [{"step_log": [[0, 6.0, 0, 3], [6, 7.0, 0, 3]]}]}}, f)
     v = tmp_path / "vllm.json"
-    v.write_text(json.dumps({"replay": {"4": [{"step_log": [[0, 1, 0, 3, 1.0], [1, 1, 0, 3, 6.0]]}]}}))
+    v.write_text(json.dumps({"replay": {"4": [{"step_log": [[1.0, 1, 0, 3], [6.0, 1, 0, 3]]}]}}))
     assert sc.main(["--ours", str(o), "--vllm", str(v)]) == 0
     assert "| 1-16 | 2, 6.50 | 1, 5.00 | 1.30× |" in capsys.readouterr().out
     assert sc.main(["--ours", str(o), "--vllm", str(v), "--scale", "8"]) == 2

@@ -6,9 +6,10 @@ context_lens [B] (tokens in the cache, the new one included) -> out [B, H, D].
 - GQA: one program serves one KV head and its whole query group (H // KVH heads), so each K/V tile is
   read once for the group; the group is padded to 16 rows for the tensor-core dot.
 - online softmax in float32 (base 2), probabilities cast to the cache dtype for the ·V dot, as flash does.
-- split-K (flash-decoding): the context is cut into `num_splits` ranges, so that the multiprocessors get about
-  PROGRAMS_PER_SM programs each (one program a sequence is too few loads in flight, whatever the batch), each
-  range reduced to (m, l, acc) partials, then merged by a second kernel.
+- split-K (flash-decoding): the context is cut into `num_splits` ranges (see `num_splits`: enough programs for
+  the multiprocessors, one program a sequence being too few loads in flight whatever the batch), each range
+  reduced to (m, l, acc) partials, then merged by a second kernel; a range past its sequence's context (a short
+  context among long table widths) writes only its (m, l), and the merge reads no partial of it.
 - kv_fp8 (engine/kv_quant.py): E4M3 K/V tiles are widened in registers, the keys' per-token scales multiply
   the scores and the values' scales the probabilities, so the cache is read at one byte an element.
 - CUDA-graph capturable: no host sync; the split count depends only on the shapes (batch, heads and the
@@ -28,10 +29,11 @@ from engine.kernels.reduce import row_max, row_sum
 
 MAX_HEAD_DIM = 256
 MIN_TOKENS_PER_SPLIT = 128  # below this a split's fixed cost outweighs the parallelism it adds (H200)
-MAX_SPLITS = 12
+MAX_SPLITS = 32
 # programs (sequence x KV head x split) a multiprocessor should get: one program a (sequence, head) is a single
-# pass over a long context with four warps, too few loads in flight to reach the copy rate
-PROGRAMS_PER_SM = 96
+# pass over a long context with four warps, too few loads in flight to reach the copy rate; at most SPREAD_SPLITS
+# splits for it
+PROGRAMS_PER_SM, SPREAD_SPLITS = 96, 12
 
 
 def head_dim_supported(head_dim: int) -> bool:
@@ -46,15 +48,17 @@ def _num_sms(device_index: int | None) -> int:
 
 
 def num_splits(batch: int, kv_heads: int, max_len: int, num_sms: int) -> int:
-    """Splits per (sequence, KV head): about PROGRAMS_PER_SM programs a multiprocessor, at most MAX_SPLITS, and
-    none shorter than MIN_TOKENS_PER_SPLIT tokens of max_len, an upper bound of the context from the shapes (never
-    from data). Measured on the H200 under graph replay (benchmarks/results/gpu_decode_splits_h200.md, Llama-3-8B's
-    attention, the Azure trace's contexts): the old rule, one split once batch x KV heads filled the 132
-    multiprocessors, read K/V at 536-2,937 GB/s at batches 17-192; 8-12 splits read at 2,076-3,394 GB/s, one
-    layer 1.2-3.9x faster."""
+    """Splits per (sequence, KV head): the larger of two counts, none shorter than MIN_TOKENS_PER_SPLIT tokens of
+    max_len (an upper bound of the context from the shapes, never from data) and at most MAX_SPLITS: enough
+    programs for two waves of the multiprocessors (the rule until 2026-12-02, which decides batches of 1 and 2:
+    not re-measured), and about PROGRAMS_PER_SM programs a multiprocessor, at most SPREAD_SPLITS. Measured on the
+    H200 under graph replay (benchmarks/results/gpu_decode_splits_h200.md, Llama-3-8B's attention, the Azure
+    trace's contexts): with one split a (sequence, head), the old count from batch 17 up, K/V was read at
+    536-2,937 GB/s at batches 17-192; with 8-12 splits at 1,853-3,364 GB/s, one layer 1.15-3.8x faster."""
     programs = batch * kv_heads
-    want = triton.cdiv(PROGRAMS_PER_SM * num_sms, programs)
-    return max(1, min(want, triton.cdiv(max_len, MIN_TOKENS_PER_SPLIT), MAX_SPLITS))
+    fill = triton.cdiv(2 * num_sms, programs) if programs < num_sms else 1
+    spread = min(triton.cdiv(PROGRAMS_PER_SM * num_sms, programs), SPREAD_SPLITS)
+    return max(1, min(max(fill, spread), triton.cdiv(max_len, MIN_TOKENS_PER_SPLIT), MAX_SPLITS))
 
 
 # the split count and the block table's width change with the batch in eager decode steps: no
@@ -129,8 +133,9 @@ def _split_kernel(Q, K, V, BT, CTX, O, M, L, KS, VS,
     if DIRECT:  # one split: normalise and write the output; an empty context gives zeros, never NaN
         out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
         tl.store(o_ptr, out.to(O.dtype.element_ty), mask=g_ok[:, None] & d_ok[None, :])
-    else:
-        tl.store(o_ptr + split * stride_os, acc, mask=g_ok[:, None] & d_ok[None, :])
+    else:  # an empty range (past the context) writes no partial: the merge does not read it
+        g_live = g < GROUP * (end > start).to(tl.int32)  # all of the group, or none for an empty range
+        tl.store(o_ptr + split * stride_os, acc, mask=g_live[:, None] & d_ok[None, :])
         ml_off = (b * tl.num_programs(1) * GROUP + head) * num_splits + split  # M, L: [B, H, splits]
         tl.store(M + ml_off, m_i, mask=g_ok)
         tl.store(L + ml_off, l_i, mask=g_ok)
@@ -152,8 +157,9 @@ def _reduce_kernel(O_PART, M, L, OUT, num_splits,
     m_max = tl.where(m_max == float("-inf"), 0.0, m_max)  # every split empty: weights 0, output 0
     w = tl.exp2(m - m_max)
     denom = row_sum(w * l, 0)
+    live = s_ok & (m > float("-inf"))  # an empty range wrote no partial (its weight is 0 anyway)
     part = tl.load(O_PART + b * stride_pb + h * stride_ph + s[:, None] * stride_ps + d[None, :],
-                   mask=s_ok[:, None] & (d[None, :] < D), other=0.0)
+                   mask=live[:, None] & (d[None, :] < D), other=0.0)
     out = row_sum(part * w[:, None], 0) / tl.where(denom > 0, denom, 1.0)
     tl.store(OUT + b * stride_ob + h * stride_oh + d, out.to(OUT.dtype.element_ty), mask=d < D)
 
