@@ -103,8 +103,8 @@ def main() -> int:
         auto = num_splits(batch, KV_HEADS, MAX_LEN, sms)
         ref = paged_decode_attention(q, k, v, bt, cl, splits=1).float()
         kv_bytes = sum(ctx) * KV_HEADS * HEAD_DIM * 2 * 2  # K and V, bf16
-        row = {"batch": batch, "context_mean": round(statistics.fmean(ctx)), "auto_splits": auto, "us": {}, "us_eager_call": {},
-               "max_abs_diff": {}}
+        row = {"batch": batch, "context_mean": round(statistics.fmean(ctx)), "auto_splits": auto, "us": {},
+               "us_eager_call": {}, "max_abs_diff": {}}
         for s in sorted(set(SPLITS) | {auto}):
             out = paged_decode_attention(q, k, v, bt, cl, splits=s)
             row["max_abs_diff"][s] = float((out.float() - ref).abs().max())
@@ -121,8 +121,9 @@ def main() -> int:
     res = {"gpu": torch.cuda.get_device_name(0), "torch": torch.__version__, "sms": sms, "rows": rows}
     (args.out / "gpu_decode_splits.json").write_text(json.dumps(res, indent=1))
     md = [f"# Paged decode attention: split count against batch ({res['gpu']}, torch {res['torch']}, {sms} SMs)", "",
-          "One layer's call replayed from a CUDA graph (µs; 20 replays back to back, median of 7 rounds); 32 layers make "
-          "a step's attention. us_eager_call in the JSON: the same call made from Python (host launches included).", "",
+          "One layer's call replayed from a CUDA graph (µs; 20 replays back to back, median of 7 rounds); 32 layers "
+          "make a step's attention. us_eager_call in the JSON: the same call made from Python (host launches "
+          "included).", "",
           "| batch | mean context | heuristic's splits | µs at the heuristic's | best splits | µs at best | "
           "GB/s heuristic / best | 32 layers, ms saved |", "|---|---|---|---|---|---|---|---|"]
     for r in rows:

@@ -561,32 +561,33 @@ def report(ours: dict, theirs: dict) -> str:
 
 def steps_table(ours: dict, theirs: dict) -> list[str]:
     """Each engine's steps in its first replay at each scale: how many of each kind and their median time (ours:
-    the whole step; vLLM's: the spacing of its records, see VllmSteps)."""
-    lines = ["| time scale | engine | decode-only steps: n, ms p50, rows | mixed: n, ms p50, prompt tokens, rows | "
-             "prompt-only: n, ms p50 |", "|---|---|---|---|---|"]
-    f = lambda v, d=1: "-" if v is None else f"{v:,.{d}f}"  # noqa: E731
+    the whole step; vLLM's: the spacing of its records, see VllmSteps), then its decode-only steps by rows."""
+    firsts = []  # (scale, engine, the first replay's step summary)
     for sc in SCALES:
         for name, d in (("optladder", ours), (theirs.get("engine", "vLLM"), theirs)):
             runs = d.get("replay", {}).get(str(sc), [])
             st = (runs[0] if runs else {}).get("steps")
-            if not st:
-                continue
-            dec, mix, pro = st["decode"], st["mixed"], st["prompt_only"]
-            lines.append(f"| {sc}× | {name} | {dec['n']:,}, {f(dec['ms_p50'], 2)}, {f(dec['decode_tokens_mean'])} | "
-                         f"{mix['n']:,}, {f(mix['ms_p50'], 2)}, {f(mix['prompt_tokens_mean'], 0)}, "
-                         f"{f(mix['decode_tokens_mean'])} | {pro['n']:,}, {f(pro['ms_p50'], 2)} |")
-    if len(lines) == 2:
+            if st:
+                firsts.append((sc, name, st))
+    if not firsts:
         return []
+    f = lambda v, d=1: "-" if v is None else f"{v:,.{d}f}"  # noqa: E731
+    lines = ["| time scale | engine | decode-only steps: n, ms p50, rows | mixed: n, ms p50, prompt tokens, rows | "
+             "prompt-only: n, ms p50 |", "|---|---|---|---|---|"]
+    for sc, name, st in firsts:
+        dec, mix, pro = st["decode"], st["mixed"], st["prompt_only"]
+        lines.append(f"| {sc}× | {name} | {dec['n']:,}, {f(dec['ms_p50'], 2)}, {f(dec['decode_tokens_mean'])} | "
+                     f"{mix['n']:,}, {f(mix['ms_p50'], 2)}, {f(mix['prompt_tokens_mean'], 0)}, "
+                     f"{f(mix['decode_tokens_mean'])} | {pro['n']:,}, {f(pro['ms_p50'], 2)} |")
     lines += ["", "Decode-only steps by their decode rows: n, ms p50", "",
               "| time scale | engine | " + " | ".join(f"{lo}-{hi} rows" for lo, hi in DECODE_BUCKETS) + " |",
               "|---|---|" + "---|" * len(DECODE_BUCKETS)]
-    for sc in SCALES:
-        for name, d in (("optladder", ours), (theirs.get("engine", "vLLM"), theirs)):
-            runs = d.get("replay", {}).get(str(sc), [])
-            by = ((runs[0] if runs else {}).get("steps") or {}).get("decode_by_rows")
-            if by:
-                lines.append(f"| {sc}× | {name} | " + " | ".join(
-                    f"{by[f'{lo}-{hi}']['n']:,}, {f(by[f'{lo}-{hi}']['ms_p50'], 2)}" for lo, hi in DECODE_BUCKETS) + " |")
+    for sc, name, st in firsts:
+        by = st.get("decode_by_rows")
+        if by:
+            lines.append(f"| {sc}× | {name} | " + " | ".join(
+                f"{by[f'{lo}-{hi}']['n']:,}, {f(by[f'{lo}-{hi}']['ms_p50'], 2)}" for lo, hi in DECODE_BUCKETS)
+                + " |")
     return lines
 
 

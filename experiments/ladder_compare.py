@@ -13,8 +13,8 @@ no more are outside than the 95th percentile of that chance count (a sum of each
 that moved by 1% or more: a figure that barely moves, peak memory, a deterministic score, would only raise the
 allowance) and none is as improbable as --k-max SDs (4) of a normal. The count treats the metrics as independent:
 those of a rung move together, and a measured SD is shared by a metric's rungs, so the outside ones cluster and the
-allowance is on the generous side. --per-metric counts every metric outside k SDs instead. Settings are the rungs' resolved configs (the first rung's, when both directories
-hold their snapshots): a ladder run with other settings is not a reproduction, whatever its numbers. Machines and
+allowance is on the generous side. --per-metric counts every metric outside k SDs instead. Settings are the
+rungs' resolved configs (the first rung's, when both directories hold their snapshots): a ladder run with other settings is not a reproduction, whatever its numbers. Machines and
 code that differ are listed, not judged (a reproduction on another machine is the point). Each rung's load (the
 trace's offered output tokens per second times the measured time per decode row; see `load`) is shown: a rung at
 0.8 or more ran at or near its capacity, where latency follows the path its queue took, and is marked where named.
@@ -219,7 +219,12 @@ def settings_differences(a: tuple[dict, Path | None], b: tuple[dict, Path | None
                          ) -> tuple[list[tuple], list[tuple], list[str]] | None:
     """(counted differences of the resolved configs, those not counted, the data digests that differ) between the
     first rungs' snapshots of two ladders; None when a snapshot is missing."""
-    sa, sb = _snapshot(a[1], a[0]["rungs"][0]), _snapshot(b[1], b[0]["rungs"][0])
+    return _differences(_snapshot(a[1], a[0]["rungs"][0]), _snapshot(b[1], b[0]["rungs"][0]), ignore)
+
+
+def _differences(sa: dict | None, sb: dict | None, ignore: tuple[str, ...]
+                 ) -> tuple[list[tuple], list[tuple], list[str]] | None:
+    """settings_differences of two snapshots already read."""
     if sa is None or sb is None:
         return None
     every = diff_dicts(sa.get("resolved_config", {}), sb.get("resolved_config", {}))
@@ -283,11 +288,11 @@ def compare(a: tuple[dict, Path | None], b: tuple[dict, Path | None], noise_sd: 
     out: list[str] = []
 
     sa, sb = _snapshot(da, ra[0]), _snapshot(db, rb[0])
-    found = settings_differences(a, b, ignore)
+    found = _differences(sa, sb, ignore)
     if found is None:
         out.append("settings: not compared (a rung directory's snapshot is missing: give both run directories)")
     else:
-        settings, skipped, _ = found
+        settings, skipped, digests = found
         out.append(f"settings: {len(settings)} difference(s)" + (":" if settings else " (the same ladder)"))
         out += [f"  {key}: {va} -> {vb}" for key, va, vb in settings]
         if skipped:
@@ -295,10 +300,10 @@ def compare(a: tuple[dict, Path | None], b: tuple[dict, Path | None], noise_sd: 
         if settings:
             reasons.append(f"the settings differ ({', '.join(key for key, _, _ in settings[:6])}"
                            f"{', ...' if len(settings) > 6 else ''}): not the same ladder")
-        for digest, what in (("requests_digest", "requests"), ("prompts_digest", "quality prompts")):
-            if sa.get(digest) != sb.get(digest):
-                out.append(f"  {digest}: {sa.get(digest)} -> {sb.get(digest)}")
-                reasons.append(f"other {what} ({digest} differs)")
+        what = {"requests_digest": "requests", "prompts_digest": "quality prompts"}
+        for digest in digests:
+            out.append(f"  {digest}: {sa.get(digest)} -> {sb.get(digest)}")
+            reasons.append(f"other {what[digest]} ({digest} differs)")
         env = [key for key, _, _ in diff_dicts(sa.get("environment", {}), sb.get("environment", {}))]
         out.append(f"environment (reported, not judged): {', '.join(env) if env else 'the same'}")
     out.append("")
@@ -367,8 +372,8 @@ def compare(a: tuple[dict, Path | None], b: tuple[dict, Path | None], noise_sd: 
                            f"{moved}, 95 times in 100)")
     elif outside:
         chance = [f"{len(outside)} metric(s) outside {k:g} SDs (none as improbable as {k_max:g} SDs of a normal), "
-                  f"no more than identical runs leave outside by chance (up to {allowed} of the {moved}, 95 times in 100): listed, not "
-                  "counted"] + [f"  {t}" for t in outside]
+                  f"no more than identical runs leave outside by chance (up to {allowed} of the {moved}, 95 times "
+                  "in 100): listed, not counted"] + [f"  {t}" for t in outside]
     same_verdicts = sum(x["status"] == y["status"] for x, y in zip(ra, rb))
     sds = f"{k:g} × {noise_sd:g}" if not noise else f"{k:g} × the measured noise (below; at least {noise_sd:g})"
     out += ["", f"verdicts: {same_verdicts}/{len(ra)} the same; metrics: {checked - missed}/{checked} within "
@@ -436,6 +441,7 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"--k-max={args.k_max}: must be at least --k={args.k}")
     noise_notes: list[str] = []
     try:
+        a_ladder, b_ladder = load_ladder(args.ladder_a), load_ladder(args.ladder_b)
         noise = None
         if args.noise_from:
             def where(x: str) -> Path:  # a run directory, given as itself or by its ladder.json
@@ -446,8 +452,7 @@ def main(argv: list[str] | None = None) -> int:
             if where(args.noise_from[0]) == where(args.noise_from[1]):
                 raise CompareError("--noise-from: C and D are the same run (every log ratio 0: nothing measured)")
             c, d = (load_ladder(x) for x in args.noise_from)
-            a_ladder = load_ladder(args.ladder_a)
-            if any(x[0] == y[0] for x in (c, d) for y in (a_ladder, load_ladder(args.ladder_b))):
+            if any(x[0] == y[0] for x in (c, d) for y in (a_ladder, b_ladder)):
                 raise CompareError("--noise-from: C or D holds the same ladder.json as A or B (a copy of it?)")
             found = settings_differences(c, d, tuple(args.ignore))
             if found is None:
@@ -462,15 +467,15 @@ def main(argv: list[str] | None = None) -> int:
                 raise CompareError(f"--noise-from: no metric measured over at least {MIN_NOISE_RUNGS} rungs")
             a_opts = [r["opt"] for r in a_ladder[0]["rungs"]]
             if [r["opt"] for r in c[0]["rungs"]] != a_opts:
-                noise_notes.append(f"the noise comes from a ladder with other rungs ({[r['opt'] for r in c[0]['rungs']]}) "
-                                   f"than A's ({a_opts})")
+                c_opts = [r["opt"] for r in c[0]["rungs"]]
+                noise_notes.append(f"the noise comes from a ladder with other rungs ({c_opts}) than A's ({a_opts})")
             found = settings_differences(c, a_ladder, tuple(args.ignore))
             if found is not None and (found[0] or found[2]):  # another ladder's noise: said where it is used
                 noise_notes.append("the noise comes from a ladder with other settings than A's (C -> A): " + "; ".join(
                     [f"{key}: {vc} -> {va}" for key, vc, va in found[0][:8]]
                     + [f"{dg} differs" for dg in found[2]]) + (", ..." if len(found[0]) > 8 else ""))
-        reproduced, lines = compare(load_ladder(args.ladder_a), load_ladder(args.ladder_b), args.noise_sd, args.k,
-                                     tuple(args.ignore), args.verdicts, noise, args.k_max, args.per_metric)
+        reproduced, lines = compare(a_ladder, b_ladder, args.noise_sd, args.k, tuple(args.ignore), args.verdicts,
+                                     noise, args.k_max, args.per_metric)
     except CompareError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
