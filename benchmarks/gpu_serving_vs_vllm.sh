@@ -9,6 +9,10 @@
 #   call 1:      bash benchmarks/gpu_serving_vs_vllm.sh ours   carry: .vllm-gpu/c1 .vllm-gpu/assemble.sh .stage
 #   call 2:      bash benchmarks/gpu_serving_vs_vllm.sh vllm   carry: .vllm-gpu/c2 .vllm-gpu/manifest.tsv
 #                                                                     .vllm-gpu/assemble.sh .vllm-gpu/tok .stage
+# A call carries at most 64 MiB with the tree: where the bundle's chunks are larger than that leaves, re-cut it into
+# three (../shared/tools/vllm-gpu/pack.py, at most ~37 MiB each) and put `bash .vllm-gpu/assemble.sh stage` (carry
+# .vllm-gpu/c2 .vllm-gpu/assemble.sh) between the two calls, call 2 carrying c3 instead of c2
+# (benchmarks/results/gpu_serving_vs_vllm_h200_sitting_20261202 ran so, with .stage/azure500.json for .stage).
 # Call 1 stages the first vLLM chunk in /tmp and runs the kernel checks and our engine; call 2 installs vLLM,
 # runs it and writes the side-by-side table (our results wait in /tmp/serving between the calls).
 # Results under $OUT: gpu_serving_vs_vllm.{md,json}, each engine's json and log, the profile table.

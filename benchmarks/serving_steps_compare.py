@@ -6,9 +6,14 @@ the median time of a decode-only step in bins of decode rows, ours against vLLM'
 
 Ours: serving_ours.json, each step's whole time (host work included). vLLM: serving_vllm.json, whose log holds when
 each iteration was recorded (after its outputs were processed); a decode-only step's time there is the spacing of
-its record from the one before, and only steps whose previous step was decode-only too are kept (the spacing then
-holds no prompt work). vLLM schedules asynchronously, so a spacing measures the engine's period, which is the
-step's time while the GPU stays busy.
+its record from the one before, and only steps between two decode-only ones are kept (the spacing then holds no
+prompt work). vLLM schedules asynchronously, so a spacing measures the engine's period, which is the step's time
+while the GPU stays busy. But the record before one with prompt work holds the long spacing (likely the host
+launching the step with prompt work, which vLLM does before it waits for the step before): in the H200 replays of 2026-12-02 the spacing
+before a record with prompt work was the long one (1x: median 21.4 ms, the record's own 6.7 ms; ~1,000 prompt
+tokens of the 8B shape need ~19 ms at the chip's peak). So steps with prompt work are compared as pairs, each
+with the step before it (ours: their two durations; vLLM: their two spacings), where both engines' neighbours
+are decode-only, binned by prompt tokens (--prompt-bin).
 """
 from __future__ import annotations
 
@@ -37,8 +42,44 @@ def vllm_steps(run: dict) -> list[tuple[int, float]]:
     2026-12-02, wrote [recorded - wait, wait, prompt, decode, recorded])."""
     log = run["step_log"]
     at = 4 if log and len(log[0]) == 5 else 0
-    return [(cur[3], cur[at] - prev[at]) for prev, cur in zip(log, log[1:])
-            if cur[2] == 0 and cur[3] > 0 and prev[2] == 0]
+    return [(cur[3], cur[at] - prev[at]) for prev, cur, nxt in zip(log, log[1:], log[2:])
+            if cur[2] == 0 and cur[3] > 0 and prev[2] == 0 and nxt[2] == 0]
+
+
+def prompt_pairs(times: list[float], log: list[list]) -> list[tuple[int, float]]:
+    """(prompt tokens, ms of the step and the one before it) for each step with prompt work whose two neighbours
+    and the step before that carry none; times[i]: step i's time (ours: its duration; vLLM: its record's
+    spacing, None for the first)."""
+    return [(log[i][2], times[i - 1] + times[i]) for i in range(2, len(log) - 1)
+            if log[i][2] > 0 and log[i - 1][2] == 0 and log[i - 2][2] == 0 and log[i + 1][2] == 0
+            and times[i - 1] is not None]
+
+
+def ours_prompt_pairs(run: dict) -> list[tuple[int, float]]:
+    log = run["step_log"]
+    return prompt_pairs([x[1] for x in log], log)
+
+
+def vllm_prompt_pairs(run: dict) -> list[tuple[int, float]]:
+    log = run["step_log"]
+    at = 4 if log and len(log[0]) == 5 else 0
+    return prompt_pairs([None] + [cur[at] - prev[at] for prev, cur in zip(log, log[1:])], log)
+
+
+def pairs_table(ours: list[tuple[int, float]], theirs: list[tuple[int, float]], width: int = 512) -> list[str]:
+    top = max([p[0] for p in ours + theirs], default=0)
+    out = ["| prompt tokens | optladder: pairs, ms p50 | vLLM: pairs, ms p50 | optladder / vLLM |", "|---|---|---|---|"]
+    for lo in range(1, top + 1, width):
+        hi = lo + width - 1
+        a = [p[1] for p in ours if lo <= p[0] <= hi]
+        b = [p[1] for p in theirs if lo <= p[0] <= hi]
+        if not a and not b:
+            continue
+        ma = statistics.median(a) if a else None
+        mb = statistics.median(b) if b else None
+        out.append(f"| {lo}-{hi} | {len(a):,}, {'-' if ma is None else f'{ma:.2f}'} | "
+                   f"{len(b):,}, {'-' if mb is None else f'{mb:.2f}'} | {f'{ma / mb:.2f}×' if ma and mb else '-'} |")
+    return out
 
 
 def line(points: list[tuple[int, float]]) -> tuple[float, float] | None:
@@ -82,6 +123,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--scale", default="4")
     ap.add_argument("--repeat", type=int, default=0, help="which repeat of each (0: the first)")
     ap.add_argument("--bin", type=int, default=16)
+    ap.add_argument("--prompt-bin", type=int, default=512, help="prompt tokens a bin of the pairs' table")
     args = ap.parse_args(argv)
     runs = []
     for path in (args.ours, args.vllm):
@@ -92,7 +134,9 @@ def main(argv: list[str] | None = None) -> int:
                   f"(scales there: {', '.join(res.get('replay', {})) or 'none'})", file=sys.stderr)
             return 2
         runs.append(reps[args.repeat])
-    print("\n".join(table(ours_steps(runs[0]), vllm_steps(runs[1]), args.bin)))
+    print("\n".join(["Decode-only steps at equal rows:", "", *table(ours_steps(runs[0]), vllm_steps(runs[1]), args.bin),
+                     "", "A step with prompt work and the decode-only step before it:", "",
+                     *pairs_table(ours_prompt_pairs(runs[0]), vllm_prompt_pairs(runs[1]), args.prompt_bin)]))
     return 0
 
 

@@ -14,12 +14,29 @@ import serving_steps_compare as sc  # noqa: E402
 def test_ours_counts_decode_only_steps_and_vllm_the_spacing_after_a_decode_only_one():
     ours = {"step_log": [[0, 6.0, 0, 10], [6, 30.0, 500, 10], [36, 7.0, 0, 20], [43, 1.0, 0, 0]]}
     assert sc.ours_steps(ours) == [(10, 6.0), (20, 7.0)]
-    # vLLM: [recorded ms, the core's wait, prompt, decode]; a decode-only record after a mixed one is left out
-    vllm = {"step_log": [[5.0, 1, 0, 10], [10.0, 1, 0, 10], [40.0, 1, 300, 10], [46.0, 1, 0, 12], [52.5, 1, 0, 12]]}
-    assert sc.vllm_steps(vllm) == [(10, 5.0), (12, 6.5)]
+    # vLLM: [recorded ms, the core's wait, prompt, decode]; a decode-only record after one with prompt work is left
+    # out, and so is the one just before it (its spacing holds that step's launch)
+    vllm = {"step_log": [[5.0, 1, 0, 10], [10.0, 1, 0, 10], [15.5, 1, 0, 11], [35.0, 1, 0, 11], [40.0, 1, 300, 11],
+                         [46.0, 1, 0, 12], [52.5, 1, 0, 12], [58.0, 1, 0, 12]]}
+    assert sc.vllm_steps(vllm) == [(10, 5.0), (11, 5.5), (12, 6.5)]
     # the first version's rows (2026-12-02's results): [recorded - wait, wait, prompt, decode, recorded]
     first = {"step_log": [[r[0] - 1, 1, r[2], r[3], r[0]] for r in vllm["step_log"]]}
-    assert sc.vllm_steps(first) == [(10, 5.0), (12, 6.5)]
+    assert sc.vllm_steps(first) == [(10, 5.0), (11, 5.5), (12, 6.5)]
+    # steps with prompt work, each with the step before it: vLLM's two spacings (19.5 + 5.0), ours two durations
+    assert sc.vllm_prompt_pairs(vllm) == [(300, 24.5)]
+    assert sc.vllm_prompt_pairs(first) == [(300, 24.5)]
+    assert sc.ours_prompt_pairs(ours) == []  # its step with prompt work has a step before it but none two before
+    ours2 = {"step_log": [[0, 5.0, 0, 9], [5, 6.0, 0, 10], [11, 30.0, 500, 10], [41, 7.0, 0, 11],
+                          [48, 9.0, 40, 11], [57, 6.0, 0, 11]]}
+    assert sc.ours_prompt_pairs(ours2) == [(500, 36.0)]  # the second has a step with prompt work two before it
+
+
+def test_the_pairs_table_bins_by_prompt_tokens():
+    lines = sc.pairs_table([(100, 20.0), (300, 22.0), (1000, 40.0)], [(200, 16.0), (900, 36.0), (1100, 38.0)], 512)
+    assert lines[2] == "| 1-512 | 2, 21.00 | 1, 16.00 | 1.31× |"
+    assert lines[3] == "| 513-1024 | 1, 40.00 | 1, 36.00 | 1.11× |"
+    assert lines[4] == "| 1025-1536 | 0, - | 1, 38.00 | - |"
+    assert len(lines) == 5
 
 
 def test_the_table_sets_medians_side_by_side_by_rows(tmp_path, capsys):
@@ -35,9 +52,10 @@ def test_the_table_sets_medians_side_by_side_by_rows(tmp_path, capsys):
     with gzip.open(o, "wt") as f:
         json.dump({"replay": {"4": [{"step_log": [[0, 6.0, 0, 3], [6, 7.0, 0, 3]]}]}}, f)
     v = tmp_path / "vllm.json"
-    v.write_text(json.dumps({"replay": {"4": [{"step_log": [[1.0, 1, 0, 3], [6.0, 1, 0, 3]]}]}}))
+    v.write_text(json.dumps({"replay": {"4": [{"step_log": [[1.0, 1, 0, 3], [6.0, 1, 0, 3], [11.0, 1, 0, 3]]}]}}))
     assert sc.main(["--ours", str(o), "--vllm", str(v)]) == 0
-    assert "| 1-16 | 2, 6.50 | 1, 5.00 | 1.30× |" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "| 1-16 | 2, 6.50 | 1, 5.00 | 1.30× |" in printed and "A step with prompt work" in printed
     assert sc.main(["--ours", str(o), "--vllm", str(v), "--scale", "8"]) == 2
     assert "no step log of repeat 0 at time scale 8 (scales there: 4)" in capsys.readouterr().err
 
