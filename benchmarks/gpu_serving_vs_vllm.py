@@ -361,10 +361,11 @@ class VllmSteps:
     waiting for the model's output, and its prompt and decode tokens; without them, the tokens of the outputs
     processed (prompt tokens unknown) and no time. vLLM 0.26 schedules asynchronously, so the core's wait is not a
     step's time (the next step is launched before it waits); the spacing of the records is the engine's period,
-    which is the step's time while the GPU stays busy, and is what the step summary holds; but the record before
-    an iteration with prompt work holds most of that step's time (on the H200, 2026-12-02: 21.4 ms before such a
-    record against 6.7 ms for it, at 1x), so compare such steps with the one before them together
-    (benchmarks/serving_steps_compare.py). Plain Python:
+    which is the step's time while the GPU stays busy, and is what the step summary holds. Around an iteration
+    with prompt work a spacing is not always its own step's: on the H200 (2026-12-02) the record before one often
+    held a long spacing (medians 21.4 ms before against 6.7 ms for it at 1x, about equal at 8x; why is not
+    established), so benchmarks/serving_steps_compare.py compares such steps paired with the one before them and
+    leaves the decode-only records next to them out. Plain Python:
     `logger_class` wraps it in vLLM's StatLoggerBase."""
 
     def __init__(self, clock=time.monotonic):
@@ -582,9 +583,10 @@ def steps_table(ours: dict, theirs: dict) -> list[str]:
         lines.append(f"| {sc}× | {name} | {dec['n']:,}, {f(dec['ms_p50'], 2)}, {f(dec['decode_tokens_mean'])} | "
                      f"{mix['n']:,}, {f(mix['ms_p50'], 2)}, {f(mix['prompt_tokens_mean'], 0)}, "
                      f"{f(mix['decode_tokens_mean'])} | {pro['n']:,}, {f(pro['ms_p50'], 2)} |")
-    lines += ["", "vLLM's times are the spacing of each iteration's record from the one before; the record before an "
-              "iteration with prompt work holds most of that step's time (its launch comes first), so its mixed and "
-              "prompt-only medians are not their steps' times: `benchmarks/serving_steps_compare.py` pairs each "
+    lines += ["", "vLLM's times are the spacing of each iteration's record from the one before; around an iteration "
+              "with prompt work that is not always its own step's time (the record before often holds a long "
+              "spacing), so its mixed and prompt-only medians, and the decode-only ones next to them, are not "
+              "exact: `benchmarks/serving_steps_compare.py` leaves those decode-only records out and pairs each "
               "step with prompt work with the step before it, in both engines.",
               "", "Decode-only steps by their decode rows: n, ms p50", "",
               "| time scale | engine | " + " | ".join(f"{lo}-{hi} rows" for lo, hi in DECODE_BUCKETS) + " |",

@@ -8,10 +8,11 @@ Ours: serving_ours.json, each step's whole time (host work included). vLLM: serv
 each iteration was recorded (after its outputs were processed); a decode-only step's time there is the spacing of
 its record from the one before, and only steps between two decode-only ones are kept (the spacing then holds no
 prompt work). vLLM schedules asynchronously, so a spacing measures the engine's period, which is the step's time
-while the GPU stays busy. But the record before one with prompt work holds the long spacing (likely the host
-launching the step with prompt work, which vLLM does before it waits for the step before): in the H200 replays of 2026-12-02 the spacing
-before a record with prompt work was the long one (1x: median 21.4 ms, the record's own 6.7 ms; ~1,000 prompt
-tokens of the 8B shape need ~19 ms at the chip's peak). So steps with prompt work are compared as pairs, each
+while the GPU stays busy. Around a step with prompt work it is not always its own step's time: in the H200
+replays of 2026-12-02 the record before one with prompt work often held a long spacing (medians 21.4 ms before
+against 6.7 ms for the record itself at 1x, where ~1,000 prompt tokens of the 8B shape need ~18 ms at the chip's
+peak; 20.4 against 16.3 at 4x; about equal at 8x). Why is not established (a likely cause: the host launching the
+step with prompt work before it waits for the step before). So steps with prompt work are compared as pairs, each
 with the step before it (ours: their two durations; vLLM: their two spacings), where both engines' neighbours
 are decode-only, binned by prompt tokens (--prompt-bin).
 """
@@ -46,13 +47,12 @@ def vllm_steps(run: dict) -> list[tuple[int, float]]:
             if cur[2] == 0 and cur[3] > 0 and prev[2] == 0 and nxt[2] == 0]
 
 
-def prompt_pairs(times: list[float], log: list[list]) -> list[tuple[int, float]]:
+def prompt_pairs(times: list[float | None], log: list[list]) -> list[tuple[int, float]]:
     """(prompt tokens, ms of the step and the one before it) for each step with prompt work whose two neighbours
     and the step before that carry none; times[i]: step i's time (ours: its duration; vLLM: its record's
-    spacing, None for the first)."""
+    spacing, None for the first, never used: a pair starts at the third step)."""
     return [(log[i][2], times[i - 1] + times[i]) for i in range(2, len(log) - 1)
-            if log[i][2] > 0 and log[i - 1][2] == 0 and log[i - 2][2] == 0 and log[i + 1][2] == 0
-            and times[i - 1] is not None]
+            if log[i][2] > 0 and log[i - 1][2] == 0 and log[i - 2][2] == 0 and log[i + 1][2] == 0]
 
 
 def ours_prompt_pairs(run: dict) -> list[tuple[int, float]]:

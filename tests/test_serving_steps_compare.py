@@ -25,17 +25,26 @@ def test_ours_counts_decode_only_steps_and_vllm_the_spacing_after_a_decode_only_
     # steps with prompt work, each with the step before it: vLLM's two spacings (19.5 + 5.0), ours two durations
     assert sc.vllm_prompt_pairs(vllm) == [(300, 24.5)]
     assert sc.vllm_prompt_pairs(first) == [(300, 24.5)]
-    assert sc.ours_prompt_pairs(ours) == []  # its step with prompt work has a step before it but none two before
+    assert sc.ours_prompt_pairs(ours) == []  # its step with prompt work is the second: no pair starts before the third
     ours2 = {"step_log": [[0, 5.0, 0, 9], [5, 6.0, 0, 10], [11, 30.0, 500, 10], [41, 7.0, 0, 11],
                           [48, 9.0, 40, 11], [57, 6.0, 0, 11]]}
     assert sc.ours_prompt_pairs(ours2) == [(500, 36.0)]  # the second has a step with prompt work two before it
 
 
+def test_a_pair_needs_decode_only_steps_around_it():
+    d = lambda t: [0, t, 0, 8]  # noqa: E731  (ours: [start, ms, prompt, decode])
+    pr = lambda t, n: [0, t, n, 8]  # noqa: E731
+    log = [d(5.0), d(5.0), pr(20.0, 100), pr(21.0, 200), d(5.0), d(6.0), pr(30.0, 300), d(5.0), d(5.0), pr(9.0, 50)]
+    # 100: the next step has prompt work; 200: the step before has; 50: the last, nothing after it to check
+    assert sc.ours_prompt_pairs({"step_log": log}) == [(300, 36.0)]
+
+
 def test_the_pairs_table_bins_by_prompt_tokens():
-    lines = sc.pairs_table([(100, 20.0), (300, 22.0), (1000, 40.0)], [(200, 16.0), (900, 36.0), (1100, 38.0)], 512)
-    assert lines[2] == "| 1-512 | 2, 21.00 | 1, 16.00 | 1.31× |"
-    assert lines[3] == "| 513-1024 | 1, 40.00 | 1, 36.00 | 1.11× |"
-    assert lines[4] == "| 1025-1536 | 0, - | 1, 38.00 | - |"
+    lines = sc.pairs_table([(100, 20.0), (300, 22.0), (1000, 40.0), (1600, 60.0)],
+                           [(512, 16.0), (513, 36.0), (1024, 38.0), (1600, 50.0)], 512)
+    assert lines[2] == "| 1-512 | 2, 21.00 | 1, 16.00 | 1.31× |"  # 512 on the bin's upper edge, 513 past it
+    assert lines[3] == "| 513-1024 | 1, 40.00 | 2, 37.00 | 1.08× |"
+    assert lines[4] == "| 1537-2048 | 1, 60.00 | 1, 50.00 | 1.20× |"  # the empty bin between left out
     assert len(lines) == 5
 
 
