@@ -363,9 +363,9 @@ class VllmSteps:
     step's time (the next step is launched before it waits); the spacing of the records is the engine's period,
     which is the step's time while the GPU stays busy, and is what the step summary holds. Around an iteration
     with prompt work a spacing is not always its own step's: on the H200 (2026-12-02) the record before one often
-    held a long spacing (medians 21.4 ms before against 6.7 ms for it at 1x, about equal at 8x; why is not
-    established), so benchmarks/serving_steps_compare.py compares such steps paired with the one before them and
-    leaves the decode-only records next to them out. Plain Python:
+    held a long spacing (medians over all records with prompt work: 21.4 ms before against 6.7 ms for it at 1x,
+    about equal at 8x; why is not established), so benchmarks/serving_steps_compare.py compares such steps paired
+    with the one before them and leaves the decode-only records next to them out. Plain Python:
     `logger_class` wraps it in vLLM's StatLoggerBase."""
 
     def __init__(self, clock=time.monotonic):

@@ -9,10 +9,10 @@ each iteration was recorded (after its outputs were processed); a decode-only st
 its record from the one before, and only steps between two decode-only ones are kept (the spacing then holds no
 prompt work). vLLM schedules asynchronously, so a spacing measures the engine's period, which is the step's time
 while the GPU stays busy. Around a step with prompt work it is not always its own step's time: in the H200
-replays of 2026-12-02 the record before one with prompt work often held a long spacing (medians 21.4 ms before
-against 6.7 ms for the record itself at 1x, where ~1,000 prompt tokens of the 8B shape need ~18 ms at the chip's
-peak; 20.4 against 16.3 at 4x; about equal at 8x). Why is not established (a likely cause: the host launching the
-step with prompt work before it waits for the step before). So steps with prompt work are compared as pairs, each
+replays of 2026-12-02 the record before one with prompt work often held a long spacing (medians over all
+records with prompt work: 21.4 ms before against 6.7 ms for the record itself at 1x, where ~1,000 prompt tokens
+of the 8B shape need ~18 ms at the chip's peak; 20.4 against 16.3 at 4x; about equal at 8x). Why is not
+established (a likely cause: the host launching the step with prompt work before it waits for the step before). So steps with prompt work are compared as pairs, each
 with the step before it (ours: their two durations; vLLM: their two spacings), where both engines' neighbours
 are decode-only, binned by prompt tokens (--prompt-bin).
 """
