@@ -12,9 +12,9 @@ while the GPU stays busy. Around a step with prompt work it is not always its ow
 replays of 2026-12-02 the record before one with prompt work often held a long spacing (medians over all
 records with prompt work: 21.4 ms before against 6.7 ms for the record itself at 1x, where ~1,000 prompt tokens
 of the 8B shape need ~18 ms at the chip's peak; 20.4 against 16.3 at 4x; about equal at 8x). Why is not
-established (a likely cause: the host launching the step with prompt work before it waits for the step before). So steps with prompt work are compared as pairs, each
-with the step before it (ours: their two durations; vLLM: their two spacings), where both engines' neighbours
-are decode-only, binned by prompt tokens (--prompt-bin).
+established (a likely cause: the host launching the step with prompt work before it waits for the step before).
+So steps with prompt work are compared as pairs, each with the step before it (ours: their two durations; vLLM:
+their two spacings), where both engines' neighbours are decode-only, binned by prompt tokens (--prompt-bin).
 """
 from __future__ import annotations
 
