@@ -66,9 +66,12 @@ def vllm_prompt_pairs(run: dict) -> list[tuple[int, float]]:
     return prompt_pairs([None] + [cur[at] - prev[at] for prev, cur in zip(log, log[1:])], log)
 
 
-def pairs_table(ours: list[tuple[int, float]], theirs: list[tuple[int, float]], width: int = 512) -> list[str]:
+def binned(ours: list[tuple[int, float]], theirs: list[tuple[int, float]], width: int, what: str,
+           unit: str) -> list[str]:
+    """Medians of both engines' times side by side in bins of `width` of `what` (each point: (what, ms)); empty
+    bins left out."""
     top = max([p[0] for p in ours + theirs], default=0)
-    out = ["| prompt tokens | optladder: pairs, ms p50 | vLLM: pairs, ms p50 | optladder / vLLM |", "|---|---|---|---|"]
+    out = [f"| {what} | optladder: {unit}, ms p50 | vLLM: {unit}, ms p50 | optladder / vLLM |", "|---|---|---|---|"]
     for lo in range(1, top + 1, width):
         hi = lo + width - 1
         a = [p[1] for p in ours if lo <= p[0] <= hi]
@@ -80,6 +83,10 @@ def pairs_table(ours: list[tuple[int, float]], theirs: list[tuple[int, float]], 
         out.append(f"| {lo}-{hi} | {len(a):,}, {'-' if ma is None else f'{ma:.2f}'} | "
                    f"{len(b):,}, {'-' if mb is None else f'{mb:.2f}'} | {f'{ma / mb:.2f}×' if ma and mb else '-'} |")
     return out
+
+
+def pairs_table(ours: list[tuple[int, float]], theirs: list[tuple[int, float]], width: int = 512) -> list[str]:
+    return binned(ours, theirs, width, "prompt tokens", "pairs")
 
 
 def line(points: list[tuple[int, float]]) -> tuple[float, float] | None:
@@ -95,19 +102,7 @@ def line(points: list[tuple[int, float]]) -> tuple[float, float] | None:
 
 
 def table(ours: list[tuple[int, float]], theirs: list[tuple[int, float]], width: int = 16) -> list[str]:
-    top = max([p[0] for p in ours + theirs], default=0)
-    out = ["| decode rows | optladder: steps, ms p50 | vLLM: steps, ms p50 | optladder / vLLM |", "|---|---|---|---|"]
-    for lo in range(1, top + 1, width):
-        hi = lo + width - 1
-        a = [p[1] for p in ours if lo <= p[0] <= hi]
-        b = [p[1] for p in theirs if lo <= p[0] <= hi]
-        if not a and not b:
-            continue
-        ma = statistics.median(a) if a else None
-        mb = statistics.median(b) if b else None
-        ratio = f"{ma / mb:.2f}×" if ma and mb else "-"
-        out.append(f"| {lo}-{hi} | {len(a):,}, {'-' if ma is None else f'{ma:.2f}'} | "
-                   f"{len(b):,}, {'-' if mb is None else f'{mb:.2f}'} | {ratio} |")
+    out = binned(ours, theirs, width, "decode rows", "steps")
     fits = [(name, line(pts), len(pts)) for name, pts in (("optladder", ours), ("vLLM", theirs))]
     if any(f for _, f, _ in fits):
         out.append("")
