@@ -37,14 +37,20 @@ def ours_steps(run: dict) -> list[tuple[int, float]]:
     return [(x[3], x[1]) for x in run["step_log"] if x[2] == 0 and x[3] > 0]
 
 
-def vllm_steps(run: dict) -> list[tuple[int, float]]:
-    """(decode rows, ms) of each decode-only iteration after a decode-only one, timed by the spacing of the records:
-    [recorded ms, the core's wait ms, prompt, decode] rows (the script's first version, in the results of
-    2026-12-02, wrote [recorded - wait, wait, prompt, decode, recorded])."""
-    log = run["step_log"]
+def vllm_spacings(log: list[list]) -> list[float | None]:
+    """Each iteration's time, the spacing of its record from the one before (None for the first): [recorded ms, the
+    core's wait ms, prompt, decode] rows (the script's first version, in the results of 2026-12-02, wrote
+    [recorded - wait, wait, prompt, decode, recorded])."""
     at = 4 if log and len(log[0]) == 5 else 0
-    return [(cur[3], cur[at] - prev[at]) for prev, cur, nxt in zip(log, log[1:], log[2:])
-            if cur[2] == 0 and cur[3] > 0 and prev[2] == 0 and nxt[2] == 0]
+    return [None] + [cur[at] - prev[at] for prev, cur in zip(log, log[1:])]
+
+
+def vllm_steps(run: dict) -> list[tuple[int, float]]:
+    """(decode rows, ms) of each decode-only iteration between two decode-only ones, timed by its record's spacing."""
+    log = run["step_log"]
+    times = vllm_spacings(log)
+    return [(log[i][3], times[i]) for i in range(1, len(log) - 1)
+            if log[i][2] == 0 and log[i][3] > 0 and log[i - 1][2] == 0 and log[i + 1][2] == 0]
 
 
 def prompt_pairs(times: list[float | None], log: list[list]) -> list[tuple[int, float]]:
@@ -62,8 +68,7 @@ def ours_prompt_pairs(run: dict) -> list[tuple[int, float]]:
 
 def vllm_prompt_pairs(run: dict) -> list[tuple[int, float]]:
     log = run["step_log"]
-    at = 4 if log and len(log[0]) == 5 else 0
-    return prompt_pairs([None] + [cur[at] - prev[at] for prev, cur in zip(log, log[1:])], log)
+    return prompt_pairs(vllm_spacings(log), log)
 
 
 def binned(ours: list[tuple[int, float]], theirs: list[tuple[int, float]], width: int, what: str,

@@ -465,9 +465,8 @@ def main(argv: list[str] | None = None) -> int:
             noise = measured_noise(c, d)
             if not noise:
                 raise CompareError(f"--noise-from: no metric measured over at least {MIN_NOISE_RUNGS} rungs")
-            a_opts = [r["opt"] for r in a_ladder[0]["rungs"]]
-            if [r["opt"] for r in c[0]["rungs"]] != a_opts:
-                c_opts = [r["opt"] for r in c[0]["rungs"]]
+            a_opts, c_opts = ([r["opt"] for r in x[0]["rungs"]] for x in (a_ladder, c))
+            if c_opts != a_opts:
                 noise_notes.append(f"the noise comes from a ladder with other rungs ({c_opts}) than A's ({a_opts})")
             found = settings_differences(c, a_ladder, tuple(args.ignore))
             if found is not None and (found[0] or found[2]):  # another ladder's noise: said where it is used
