@@ -100,7 +100,7 @@ def main() -> int:
             at += nb
         cl = torch.tensor(ctx, dtype=torch.int32, device=dev)
         q = torch.randn(batch, HEADS, HEAD_DIM, device=dev, dtype=torch.bfloat16)
-        auto = num_splits(batch, KV_HEADS, MAX_LEN, sms)
+        auto = num_splits(batch, KV_HEADS, sms)
         ref = paged_decode_attention(q, k, v, bt, cl, splits=1).float()
         kv_bytes = sum(ctx) * KV_HEADS * HEAD_DIM * 2 * 2  # K and V, bf16
         row = {"batch": batch, "context_mean": round(statistics.fmean(ctx)), "auto_splits": auto, "us": {},

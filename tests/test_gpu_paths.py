@@ -129,18 +129,58 @@ def test_ranges_past_the_context_write_no_partial_and_the_merge_reads_none(monke
 @needs_triton
 def test_split_heuristic_depends_on_shapes_only():
     triton_or_skip()
-    from engine.kernels.paged_decode import num_splits
+    from engine.kernels.paged_decode import grid_splits, num_splits
 
     # the larger of two waves' worth (decides batches of 1 and 2) and ~96 programs a multiprocessor (at most 12),
-    # none under 128 tokens of max_len, at most 32
-    assert num_splits(1, 8, 8192, 132) == 32 and num_splits(2, 8, 8192, 132) == 17  # two waves, as before
-    assert num_splits(8, 8, 8192, 132) == 12 and num_splits(16, 8, 8192, 132) == 12
-    assert num_splits(64, 8, 2048, 132) == 12  # 512 programs: capped at 12 splits
-    assert num_splits(192, 8, 8192, 132) == 9  # 1,536 programs: 12,672 / 1,536 -> 9
-    assert num_splits(256, 8, 8192, 132) == 7
-    assert num_splits(1, 8, 256, 132) == 2  # capped by MIN_TOKENS_PER_SPLIT
-    assert num_splits(1, 8, 64, 132) == 1
-    assert num_splits(2048, 8, 8192, 132) == 1  # the batch alone gives each multiprocessor its programs
+    # at most 32, from the batch rounded up to a power of two (the graph bucket it replays in)
+    assert num_splits(1, 8, 132) == 32 and num_splits(2, 8, 132) == 17  # two waves, as before
+    assert num_splits(8, 8, 132) == 12 and num_splits(16, 8, 132) == 12
+    assert num_splits(64, 8, 132) == 12  # 512 programs: capped at 12 splits
+    assert num_splits(256, 8, 132) == 7  # 2,048 programs: 12,672 / 2,048 -> 7
+    assert num_splits(2048, 8, 132) == 1  # the batch alone gives each multiprocessor its programs
+    for n, bucket in [(3, 4), (5, 8), (17, 32), (129, 256), (192, 256)]:  # a batch splits as its bucket does
+        assert num_splits(n, 3, 132) == num_splits(bucket, 3, 132), n
+    assert num_splits(3, 3, 132) != num_splits(2, 3, 132)  # ... and the bucket below may not
+    # the table's width trims the grid to the ranges it can hold (whole tiles), never the ranges themselves
+    assert grid_splits(32, 8192, 64) == 32 and grid_splits(32, 256, 64) == 4 and grid_splits(32, 64, 64) == 1
+    assert grid_splits(12, 100, 32) == 4 and grid_splits(1, 8192, 64) == 1
+
+
+GRAPH_CASES = [  # heads, kv heads, head dim, block size, eager batch (the graph's bucket: the next power of two)
+    (9, 3, 64, 16, 3),  # SmolLM2's attention, bucket 4
+    (8, 2, 128, 16, 5),  # bucket 8
+    (4, 2, 256, 8, 2),  # tiles of 32 tokens; bucket 2 (no padding row): only the table's width differs
+]
+
+
+@needs_triton
+@pytest.mark.parametrize("case", GRAPH_CASES, ids=["smollm2", "bucket8", "d256"])
+def test_a_graph_bucket_gives_each_row_the_eager_bits(case):
+    """A decode step replayed in a graph runs the batch's bucket (padding rows attend to one dummy token) with
+    tables as wide as max_model_len; the eager step runs the batch with tables as wide as its longest context.
+    Every live row must come out bit for bit the same, or a cuda_graphs rung rewrites answers its eager control
+    gives (exact match 81.5% on the H200 when the table's width set the split count)."""
+    triton_or_skip()
+    from engine.kernels.paged_decode import paged_decode_attention
+
+    heads, kvh, d, bs, n = case
+    gen = torch.Generator().manual_seed(n * 1000 + d)
+    dtype = torch.bfloat16 if CUDA else torch.float32
+    q, kc, vc, bt, ctx = random_paged(n, heads, kvh, d, bs, 300, dtype, gen)
+    ctx[-1] = 90  # contexts of 90 to 300 tokens: several ranges of a tile or more
+    eager_w = -(-int(ctx.max()) // bs)
+    eager = paged_decode_attention(q, kc, vc, bt[:, :eager_w].contiguous(), ctx)
+    bucket = 1 << (n - 1).bit_length()
+    wide = 4096 // bs  # max_model_len 4,096: a graph's table
+    dummy = sorted(set(range(kc.shape[0])) - set(bt.flatten().tolist()))[0]  # a block no live row uses
+    bt_g = torch.full((bucket, wide), dummy, dtype=bt.dtype, device=bt.device)
+    bt_g[:n, :bt.shape[1]] = bt
+    ctx_g = torch.ones(bucket, dtype=ctx.dtype, device=ctx.device)
+    ctx_g[:n] = ctx
+    q_g = torch.zeros(bucket, *q.shape[1:], dtype=q.dtype, device=q.device)
+    q_g[:n] = q
+    graph = paged_decode_attention(q_g, kc, vc, bt_g, ctx_g)
+    assert torch.equal(graph[:n], eager)
 
 
 # --- the varlen kernel of mixed steps (chunked prefill) against float64 ---

@@ -6,14 +6,21 @@ context_lens [B] (tokens in the cache, the new one included) -> out [B, H, D].
 - GQA: one program serves one KV head and its whole query group (H // KVH heads), so each K/V tile is
   read once for the group; the group is padded to 16 rows for the tensor-core dot.
 - online softmax in float32 (base 2), probabilities cast to the cache dtype for the ·V dot, as flash does.
-- split-K (flash-decoding): the context is cut into `num_splits` ranges (see `num_splits`: enough programs for
-  the multiprocessors, one program a sequence being too few loads in flight whatever the batch), each range
-  reduced to (m, l, acc) partials, then merged by a second kernel; a range past its sequence's context (a short
-  context among long table widths) writes only its (m, l), and the merge reads no partial of it.
+- split-K (flash-decoding): the context is cut into ranges (see `num_splits`: enough programs for the
+  multiprocessors, one program a sequence being too few loads in flight whatever the batch), each range reduced
+  to (m, l, acc) partials, then merged by a second kernel; a range past its sequence's context (a short context
+  among long table widths) writes only its (m, l), and the merge reads no partial of it.
+- The same row gives the same bits eagerly and under graph replay: a replay runs the batch's graph bucket (a
+  power of two) with tables as wide as max_model_len, an eager step the batch itself with tables as wide as its
+  longest context. So nothing a row's result depends on follows either: the split count follows the batch
+  rounded up to a power of two, a row's ranges follow that count and its own context, the merge's reduction
+  width follows that count too; the table's width only trims programs whose ranges would all be empty
+  (a cuda_graphs rung is then lossless against its eager control: 2026-12-02, a SmolLM2 ladder on the H200
+  found 81.5% equal answers when the width set the split count).
 - kv_fp8 (engine/kv_quant.py): E4M3 K/V tiles are widened in registers, the keys' per-token scales multiply
   the scores and the values' scales the probabilities, so the cache is read at one byte an element.
-- CUDA-graph capturable: no host sync; the split count depends only on the shapes (batch, heads and the
-  block table's width × block_size, the longest context the table can hold), context_lens is read on the
+- CUDA-graph capturable: no host sync; the split count depends only on the shapes (batch and heads; the
+  table's width × block_size, the longest context it can hold, trims the grid), context_lens is read on the
   device. The contiguous cache is the case block_size = max_model_len with tables of width 1.
 Head dims: multiples of 8 up to 256 (engine/validation.py refuses the others before anything loads).
 """
@@ -28,7 +35,6 @@ import triton.language as tl
 from engine.kernels.reduce import row_max, row_sum
 
 MAX_HEAD_DIM = 256
-MIN_TOKENS_PER_SPLIT = 128  # below this a split's fixed cost outweighs the parallelism it adds (H200)
 MAX_SPLITS = 32
 # programs (sequence x KV head x split) a multiprocessor should get: one program a (sequence, head) is a single
 # pass over a long context with four warps, too few loads in flight to reach the copy rate; at most SPREAD_SPLITS
@@ -47,25 +53,31 @@ def _num_sms(device_index: int | None) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
-def num_splits(batch: int, kv_heads: int, max_len: int, num_sms: int) -> int:
-    """Splits per (sequence, KV head): the larger of two counts, none shorter than MIN_TOKENS_PER_SPLIT tokens of
-    max_len (an upper bound of the context from the shapes, never from data) and at most MAX_SPLITS: enough
+def num_splits(batch: int, kv_heads: int, num_sms: int) -> int:
+    """Ranges per (sequence, KV head), from the batch rounded up to a power of two (the graph bucket it replays
+    in: so a row is split the same eagerly and in a graph), at most MAX_SPLITS: the larger of two counts, enough
     programs for two waves of the multiprocessors (the rule until 2026-12-02, which decides batches of 1 and 2:
     not re-measured), and about PROGRAMS_PER_SM programs a multiprocessor, at most SPREAD_SPLITS. Measured on the
     H200 under graph replay (benchmarks/results/gpu_decode_splits_h200.md, Llama-3-8B's attention, the Azure
     trace's contexts): with one split a (sequence, head), the old count from batch 17 up, K/V was read at
     536-2,937 GB/s at batches 17-192; with 8-12 splits at 1,853-3,364 GB/s, one layer 1.15-3.8x faster."""
-    programs = batch * kv_heads
+    programs = triton.next_power_of_2(max(1, batch)) * kv_heads
     fill = triton.cdiv(2 * num_sms, programs) if programs < num_sms else 1
     spread = min(triton.cdiv(PROGRAMS_PER_SM * num_sms, programs), SPREAD_SPLITS)
-    return max(1, min(max(fill, spread), triton.cdiv(max_len, MIN_TOKENS_PER_SPLIT), MAX_SPLITS))
+    return max(1, min(max(fill, spread), MAX_SPLITS))
+
+
+def grid_splits(splits: int, max_len: int, block_n: int) -> int:
+    """Programs launched per (sequence, KV head) for `splits` ranges: ranges are whole tiles of block_n tokens,
+    so a table that holds max_len tokens has at most cdiv(max_len, block_n) ranges that are not empty."""
+    return max(1, min(splits, triton.cdiv(max_len, block_n)))
 
 
 # the split count and the block table's width change with the batch in eager decode steps: no
 # specialization on them, so no compile in the middle of a replay (graph replay fixes both anyway)
 @triton.jit(do_not_specialize=["num_splits", "stride_bt"])
 def _split_kernel(Q, K, V, BT, CTX, O, M, L, KS, VS,
-                  sm_scale, num_splits,
+                  sm_scale, num_splits,  # the ranges a context is cut into; the grid may launch fewer (all empty)
                   stride_qb, stride_qh, stride_kn, stride_ks, stride_kh, stride_bt,
                   stride_ob, stride_oh, stride_os, stride_sn, stride_ss,
                   BLOCK_SIZE: tl.constexpr, GROUP: tl.constexpr, G_PAD: tl.constexpr,
@@ -136,13 +148,13 @@ def _split_kernel(Q, K, V, BT, CTX, O, M, L, KS, VS,
     else:  # an empty range (past the context) writes no partial: the merge does not read it
         g_live = g < GROUP * (end > start).to(tl.int32)  # all of the group, or none for an empty range
         tl.store(o_ptr + split * stride_os, acc, mask=g_live[:, None] & d_ok[None, :])
-        ml_off = (b * tl.num_programs(1) * GROUP + head) * num_splits + split  # M, L: [B, H, splits]
+        ml_off = (b * tl.num_programs(1) * GROUP + head) * tl.num_programs(2) + split  # M, L: [B, H, grid]
         tl.store(M + ml_off, m_i, mask=g_ok)
         tl.store(L + ml_off, l_i, mask=g_ok)
 
 
 @triton.jit(do_not_specialize=["num_splits"])
-def _reduce_kernel(O_PART, M, L, OUT, num_splits,
+def _reduce_kernel(O_PART, M, L, OUT, num_splits,  # the grid's programs a (sequence, head); S_PAD from the ranges
                    stride_pb, stride_ph, stride_ps, stride_ob, stride_oh,
                    S_PAD: tl.constexpr, D: tl.constexpr, D_PAD: tl.constexpr):
     b = tl.program_id(0)
@@ -168,7 +180,8 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
                            block_tables: torch.Tensor, context_lens: torch.Tensor,
                            out: torch.Tensor | None = None, splits: int | None = None) -> torch.Tensor:
     """Attention of one new query token per sequence over its cached context; see the module docstring.
-    `out` may be given (e.g. poisoned, in tests); `splits` overrides the split heuristic. k_cache and
+    `out` may be given (e.g. poisoned, in tests); `splits` overrides the split heuristic (the ranges a context
+    is cut into; a table too narrow for that many launches fewer programs, see grid_splits). k_cache and
     v_cache are tensors, or kv_fp8's QuantKVs (E4M3 values and per-token scales)."""
     fp8 = not isinstance(k_cache, torch.Tensor)
     k_scale = v_scale = None
@@ -183,9 +196,10 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         out = torch.empty_like(q)
     if splits is None:
         dev = q.device.index if q.is_cuda else None
-        splits = num_splits(batch, kv_heads, block_tables.shape[1] * block_size, _num_sms(dev))
+        splits = num_splits(batch, kv_heads, _num_sms(dev))
     d_pad = max(16, triton.next_power_of_2(head_dim))
     block_n = 64 if d_pad <= 128 else 32
+    grid = grid_splits(splits, block_tables.shape[1] * block_size, block_n)
     common = dict(BLOCK_SIZE=block_size, GROUP=group, G_PAD=max(16, triton.next_power_of_2(group)),
                   D=head_dim, D_PAD=d_pad, BLOCK_N=block_n,
                   # float32 inputs, and Triton's CPU interpreter (whose bf16 dot is wrong), dot in exact fp32
@@ -198,17 +212,17 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     strides = (q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
                block_tables.stride(0))
     scale = head_dim ** -0.5
-    if splits == 1:
+    if grid == 1:  # one range holds every context: the same bits as a merge of one live range
         _split_kernel[(batch, kv_heads, 1)](*args, out, out, out, *scales, scale, 1, *strides,
                                             out.stride(0), out.stride(1), 0, *scale_strides, DIRECT=True, **common)
         return out
-    part = torch.empty(batch, heads, splits, head_dim, dtype=torch.float32, device=q.device)
-    m = torch.empty(batch, heads, splits, dtype=torch.float32, device=q.device)
+    part = torch.empty(batch, heads, grid, head_dim, dtype=torch.float32, device=q.device)
+    m = torch.empty(batch, heads, grid, dtype=torch.float32, device=q.device)
     l_sum = torch.empty_like(m)
-    _split_kernel[(batch, kv_heads, splits)](*args, part, m, l_sum, *scales, scale, splits, *strides,
+    _split_kernel[(batch, kv_heads, grid)](*args, part, m, l_sum, *scales, scale, splits, *strides,
                                              part.stride(0), part.stride(1), part.stride(2), *scale_strides,
                                              DIRECT=False, **common)
-    _reduce_kernel[(batch, heads)](part, m, l_sum, out, splits, part.stride(0), part.stride(1),
+    _reduce_kernel[(batch, heads)](part, m, l_sum, out, grid, part.stride(0), part.stride(1),
                                    part.stride(2), out.stride(0), out.stride(1),
                                    S_PAD=max(2, triton.next_power_of_2(splits)), D=head_dim, D_PAD=d_pad,
                                    num_warps=4)
