@@ -146,15 +146,17 @@ def test_split_heuristic_depends_on_shapes_only():
     assert grid_splits(12, 100, 32) == 4 and grid_splits(1, 8192, 64) == 1
 
 
-GRAPH_CASES = [  # heads, kv heads, head dim, block size, eager batch (the graph's bucket: the next power of two)
-    (9, 3, 64, 16, 3),  # SmolLM2's attention, bucket 4
-    (8, 2, 128, 16, 5),  # bucket 8
-    (4, 2, 256, 8, 2),  # tiles of 32 tokens; bucket 2 (no padding row): only the table's width differs
+GRAPH_CASES = [  # heads, kv heads, head dim, block size, eager batch, graph bucket, longest context
+    (9, 3, 64, 16, 3, 4, 300),  # SmolLM2's attention
+    (8, 2, 128, 16, 5, 8, 300),
+    (4, 2, 256, 8, 2, 2, 300),  # tiles of 32 tokens; no padding row: only the table's width differs
+    (8, 2, 128, 16, 5, 6, 300),  # the largest bucket, max_batch 6, no power of two
+    (9, 3, 64, 16, 3, 4, 60),  # one tile: one program eagerly, a merge of one live range in the graph
 ]
 
 
 @needs_triton
-@pytest.mark.parametrize("case", GRAPH_CASES, ids=["smollm2", "bucket8", "d256"])
+@pytest.mark.parametrize("case", GRAPH_CASES, ids=["smollm2", "bucket8", "d256", "max_batch6", "one_tile"])
 def test_a_graph_bucket_gives_each_row_the_eager_bits(case):
     """A decode step replayed in a graph runs the batch's bucket (padding rows attend to one dummy token) with
     tables as wide as max_model_len; the eager step runs the batch with tables as wide as its longest context.
@@ -163,14 +165,13 @@ def test_a_graph_bucket_gives_each_row_the_eager_bits(case):
     triton_or_skip()
     from engine.kernels.paged_decode import paged_decode_attention
 
-    heads, kvh, d, bs, n = case
-    gen = torch.Generator().manual_seed(n * 1000 + d)
+    heads, kvh, d, bs, n, bucket, longest = case
+    gen = torch.Generator().manual_seed(n * 1000 + d + longest)
     dtype = torch.bfloat16 if CUDA else torch.float32
-    q, kc, vc, bt, ctx = random_paged(n, heads, kvh, d, bs, 300, dtype, gen)
-    ctx[-1] = 90  # contexts of 90 to 300 tokens: several ranges of a tile or more
+    q, kc, vc, bt, ctx = random_paged(n, heads, kvh, d, bs, longest, dtype, gen)
+    ctx[-1] = min(90, longest)  # several ranges of a tile or more (one tile at most for longest 60)
     eager_w = -(-int(ctx.max()) // bs)
     eager = paged_decode_attention(q, kc, vc, bt[:, :eager_w].contiguous(), ctx)
-    bucket = 1 << (n - 1).bit_length()
     wide = 4096 // bs  # max_model_len 4,096: a graph's table
     dummy = sorted(set(range(kc.shape[0])) - set(bt.flatten().tolist()))[0]  # a block no live row uses
     bt_g = torch.full((bucket, wide), dummy, dtype=bt.dtype, device=bt.device)
