@@ -153,16 +153,16 @@ def _split_kernel(Q, K, V, BT, CTX, O, M, L, KS, VS,
         tl.store(L + ml_off, l_i, mask=g_ok)
 
 
-@triton.jit(do_not_specialize=["num_splits"])
-def _reduce_kernel(O_PART, M, L, OUT, num_splits,  # the grid's programs a (sequence, head); S_PAD from the ranges
+@triton.jit(do_not_specialize=["grid"])
+def _reduce_kernel(O_PART, M, L, OUT, grid,  # the split kernel's programs a (sequence, head); S_PAD: the ranges'
                    stride_pb, stride_ph, stride_ps, stride_ob, stride_oh,
                    S_PAD: tl.constexpr, D: tl.constexpr, D_PAD: tl.constexpr):
     b = tl.program_id(0)
     h = tl.program_id(1)
     s = tl.arange(0, S_PAD)
     d = tl.arange(0, D_PAD)
-    s_ok = s < num_splits
-    ml_off = (b * tl.num_programs(1) + h) * num_splits + s
+    s_ok = s < grid
+    ml_off = (b * tl.num_programs(1) + h) * grid + s
     m = tl.load(M + ml_off, mask=s_ok, other=float("-inf"))
     l = tl.load(L + ml_off, mask=s_ok, other=0.0)
     m_max = row_max(m, 0)
@@ -220,8 +220,8 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     m = torch.empty(batch, heads, grid, dtype=torch.float32, device=q.device)
     l_sum = torch.empty_like(m)
     _split_kernel[(batch, kv_heads, grid)](*args, part, m, l_sum, *scales, scale, splits, *strides,
-                                             part.stride(0), part.stride(1), part.stride(2), *scale_strides,
-                                             DIRECT=False, **common)
+                                           part.stride(0), part.stride(1), part.stride(2), *scale_strides,
+                                           DIRECT=False, **common)
     _reduce_kernel[(batch, heads)](part, m, l_sum, out, grid, part.stride(0), part.stride(1),
                                    part.stride(2), out.stride(0), out.stride(1),
                                    S_PAD=max(2, triton.next_power_of_2(splits)), D=head_dim, D_PAD=d_pad,
