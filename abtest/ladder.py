@@ -19,6 +19,10 @@ ROWS = (("TTFT p50 (ms)", "perf/ttft_ms_p50"), ("TPOT p50 (ms)", "perf/tpot_ms_p
         ("KV utilization", "perf/kv_util"), ("BLEU vs references", "quality/bleu_vs_ref"),
         ("ROUGE-L vs references", "quality/rougeL_vs_ref"))
 
+# a rung beside its control's run (ladder.interleave): the timed figures
+BESIDE = (("TTFT p50 (ms)", "perf/ttft_ms_p50"), ("TPOT p50 (ms)", "perf/tpot_ms_p50"), ("E2E p99 (ms)", "perf/e2e_ms_p99"),
+          ("throughput (out tok/s)", "perf/throughput_out_tok_s"))
+
 
 def _fmt(v) -> str:
     return "-" if v is None else (f"{v:.4g}" if abs(v) < 1e4 else f"{v:,.0f}")
@@ -46,6 +50,17 @@ def ladder_table(rungs: list[dict]) -> str:
         lines.append(f"| {r['rung']} | {r['opt'] or 'baseline'} | {r['status']} | {_fmt(m.get('perf/ttft_ms_p50'))} | "
                      f"{_fmt(m.get('perf/tpot_ms_p50'))} | {_fmt(m.get('perf/e2e_ms_p99'))} | "
                      f"{_fmt(m.get('perf/peak_mem_gb'))} | {_fmt(m.get('quality/exact_match_vs_control'))} |")
+    paired = [r for r in rungs if r.get("control_beside")]
+    if paired:
+        lines += ["", "Each rung against its control run beside it (ladder.interleave: the figures its latency gates "
+                  "compared; control -> rung, change):", "",
+                  "| rung | opt added | control run beside it | " + " | ".join(label for label, _ in BESIDE) + " |",
+                  "|---|---|---|" + "---|" * len(BESIDE)]
+        for r in paired:
+            c, m = r["control_beside"]["metrics"], r["metrics"]
+            lines.append(f"| {r['rung']} | {r['opt']} | {r['control_beside']['name']} | " + " | ".join(
+                f"{_fmt(c.get(key))} -> {_fmt(m.get(key))} ({_change(c.get(key), m.get(key))})" for _, key in BESIDE)
+                + " |")
     elsewhere = [f"- rung {r['rung']} (+{r['opt']}): {'; '.join(r['environment_vs_baseline'][:4])}"
                  for r in rungs if r.get("environment_vs_baseline")]
     if elsewhere:

@@ -39,6 +39,9 @@ class Arm:
     cfg: DictConfig
     runs: list[ExperimentResult]
     prepared: Prepared | None = field(default=None, repr=False)  # the arm's data, checked before any arm runs
+    # False: the arm replays but scores no quality prompts (a ladder's control run again beside a rung: its
+    # greedy answers are those of its own rung's run)
+    score_quality: bool = True
 
     @property
     def resolved(self) -> dict:
@@ -108,13 +111,15 @@ def free_device_memory() -> None:
 
 def run_arms(arms: list[Arm], repeats: int, out_dir: Path, parent_run_id: str | None) -> None:
     """Run the arms `repeats` times, the opening arm alternating (AB BA AB ...), so neither always runs first
-    in a fresh process nor always later in a drifting machine; quality (greedy) is scored on the first."""
+    in a fresh process nor always later in a drifting machine; quality (greedy) is scored on the first, for the
+    arms that score it (Arm.score_quality)."""
     for r in range(repeats):
         for arm in (arms if r % 2 == 0 else arms[::-1]):
             tags = {"optladder.arm": arm.name, "optladder.repeat": str(r)}
             res = run_experiment(arm.cfg, out_dir / f"{arm.name}-r{r}", overrides=arm.overrides,
                                  run_name=f"{arm.name} (repeat {r})", parent_run_id=parent_run_id, tags=tags,
-                                 with_quality=(r == 0), prepared=arm.prepared)
+                                 with_quality=(r == 0 and arm.score_quality),
+                                 prepared=arm.prepared)
             arm.runs.append(res)
             # the arm's engine is closed: its cached device memory goes back to the GPU, so that an engine of
             # another process (engine=vllm's server, which checks free memory at start) gets it

@@ -40,6 +40,16 @@ verdict can be pass in one run and inconclusive in the next. --verdicts strict (
 different verdict; consistent counts contradictions and disagreements only, and lists the borderline ones. The
 rungs each ladder kept are compared either way.
 
+--figures changes (the default where both ladders ran with ladder.interleave, each rung beside a run of its
+control): a rung's timed figures (TTFT p50, TPOT p50, E2E p99, throughput) are compared as its change against the
+control run beside it, ln((B / B's control) / (A / A's control)), within k SDs of that difference, sqrt(2) x
+--noise-sd (each change is one run pair's log ratio, whose SD gate.run_noise is) or measured (--noise-from an earlier
+interleaved pair: the RMS of the changes' log ratio). The ladder claims changes; an absolute timed figure is the
+machine's speed as well (an eager GPU step: the host's speed at launching kernels, which moved 1.5x between rungs a
+minute apart on one H200), so the baseline's timed figures, and those of a rung without a run beside it, are shown
+and not judged. Memory, KV and quality figures are compared as they are. --figures absolute compares every figure as
+it is (the rule for ladders without interleave).
+
 Exit status: 0 reproduced, 1 not (each reason printed), 2 the input cannot be compared (missing files, other rungs).
 """
 from __future__ import annotations
@@ -193,23 +203,47 @@ VERDICT_MODES = ("strict", "consistent")
 
 MIN_NOISE_RUNGS = 5  # a metric's noise measured over fewer rungs is not used
 MOVED = 0.01  # a metric that moved less than this (in log ratio) does not count towards the chance allowance
+FIGURES = ("auto", "changes", "absolute")
+# what a rung's control run beside it (ladder.interleave) measures as well: compared as changes against it
+TIMED = ("perf/ttft_ms_p50", "perf/tpot_ms_p50", "perf/e2e_ms_p99", "perf/throughput_out_tok_s")
 
 
-def measured_noise(c: tuple[dict, Path | None], d: tuple[dict, Path | None]
+def interleaved(ladder: dict) -> bool:
+    """Whether every rung after the baseline that ran (no error) ran beside a run of its control."""
+    ran = [r for r in ladder["rungs"][1:] if r.get("status") != "error"]
+    return bool(ran) and all(r.get("control_beside") for r in ran)
+
+
+def figure(row: dict, key: str, changes: bool) -> tuple[float | None, str]:
+    """(value, kind) of a rung's figure: kind "change" (the rung over its control run beside it), "reported"
+    (a timed figure without such a run, under changes: shown, not judged) or "absolute"."""
+    value = row.get("metrics", {}).get(key)
+    if not changes or key not in TIMED:
+        return value, "absolute"
+    ctl = (row.get("control_beside") or {}).get("metrics", {}).get(key)
+    if isinstance(value, (int, float)) and isinstance(ctl, (int, float)) and value > 0 and ctl > 0:
+        return value / ctl, "change"
+    return value, "reported"
+
+
+def measured_noise(c: tuple[dict, Path | None], d: tuple[dict, Path | None], changes: bool = False
                    ) -> dict[str, tuple[float, int, float]]:
     """Headline metric -> (SD of the log ratio of two runs, rungs it was measured over, mean log ratio), from two runs
     C and D of one ladder: the root mean square of ln(D / C) over the rungs that have the metric positive in both. A
     metric that was the same at every rung gets no entry (a quality score of a deterministic engine: the band stays
-    --noise-sd, not zero); nor does one measured over fewer than MIN_NOISE_RUNGS rungs."""
+    --noise-sd, not zero); nor does one measured over fewer than MIN_NOISE_RUNGS rungs. changes: a timed figure is
+    each rung's change against its control run beside it (figure()), over the rungs that have one in both."""
     rc, rd = c[0]["rungs"], d[0]["rungs"]
     if [r["opt"] for r in rc] != [r["opt"] for r in rd]:
         raise CompareError(f"--noise-from: the two ladders have other rungs: {[r['opt'] for r in rc]}, "
                            f"{[r['opt'] for r in rd]}")
     out: dict[str, tuple[float, int, float]] = {}
     for _, key in ROWS:
-        logs = [math.log(y["metrics"][key] / x["metrics"][key]) for x, y in zip(rc, rd)
-                if isinstance(x.get("metrics", {}).get(key), (int, float)) and x["metrics"][key] > 0
-                and isinstance(y.get("metrics", {}).get(key), (int, float)) and y["metrics"][key] > 0]
+        logs = []
+        for x, y in zip(rc, rd):
+            (vx, kx), (vy, ky) = figure(x, key, changes), figure(y, key, changes)
+            if kx != "reported" and kx == ky and all(isinstance(v, (int, float)) and v > 0 for v in (vx, vy)):
+                logs.append(math.log(vy / vx))
         if len(logs) >= MIN_NOISE_RUNGS and any(v != 0 for v in logs):
             out[key] = (math.sqrt(sum(v * v for v in logs) / len(logs)), len(logs), sum(logs) / len(logs))
     return out
@@ -259,24 +293,35 @@ def tail(z: float, df: int) -> float:
 def compare(a: tuple[dict, Path | None], b: tuple[dict, Path | None], noise_sd: float = 0.10,
             k: float = 2.0, ignore: tuple[str, ...] = (), verdicts: str = "strict",
             noise: dict[str, tuple[float, int, float]] | None = None, k_max: float = 4.0,
-            per_metric: bool = False) -> tuple[bool, list[str]]:
+            per_metric: bool = False, figures: str = "auto") -> tuple[bool, list[str]]:
     """(reproduced, the report's lines). ignore: settings (keys or prefixes) whose difference does not count,
     e.g. a default that changed between the runs for a switch neither ran. verdicts: strict, every verdict that
     differs counts; consistent, only contradictions and disagreements do (see the module's doc). noise: a metric's
     measured SD of the log ratio (measured_noise), in place of noise_sd for that metric, never below it. k_max: a
     metric as improbable as k_max SDs of a normal counts whatever the others do; per_metric: every metric outside k
-    SDs counts, not only more than chance leaves outside."""
+    SDs counts, not only more than chance leaves outside. figures: auto, changes or absolute (the module's doc;
+    auto: changes where both ladders ran interleaved); with changes, noise must be measured on changes too."""
     if verdicts not in VERDICT_MODES:
         raise CompareError(f"verdicts={verdicts!r}: one of {', '.join(VERDICT_MODES)}")
+    if figures not in FIGURES:
+        raise CompareError(f"figures={figures!r}: one of {', '.join(FIGURES)}")
     (la, da), (lb, db) = a, b
     ra, rb = la["rungs"], lb["rungs"]
     opts_a, opts_b = [r["opt"] for r in ra], [r["opt"] for r in rb]
     if opts_a != opts_b:
         raise CompareError(f"the ladders have other rungs: A {opts_a}, B {opts_b}")
+    both = interleaved(la) and interleaved(lb)
+    if figures == "changes" and not both:
+        raise CompareError("--figures changes: " + " and ".join(n for n, x in (("A", la), ("B", lb))
+                                                                 if not interleaved(x))
+                           + " ran without ladder.interleave (a rung without a run of its control beside it)")
+    changes = figures == "changes" or (figures == "auto" and both)
     noise = noise or {}
-    sd = {key: max(noise_sd, noise[key][0]) if key in noise else noise_sd for _, key in ROWS}
-    # degrees of freedom of a measured SD; 0 (a normal's tails) where assumed, or measured below noise_sd and raised
-    df = {key: noise[key][1] if key in noise and noise[key][0] >= noise_sd else 0 for _, key in ROWS}
+    # a change is one run pair's log ratio (SD noise_sd): two of them differ with SD sqrt(2) x noise_sd
+    floor = {key: noise_sd * (math.sqrt(2) if changes and key in TIMED else 1) for _, key in ROWS}
+    sd = {key: max(floor[key], noise[key][0]) if key in noise else floor[key] for _, key in ROWS}
+    # degrees of freedom of a measured SD; 0 (a normal's tails) where assumed, or measured below the floor and raised
+    df = {key: noise[key][1] if key in noise and noise[key][0] >= floor[key] else 0 for _, key in ROWS}
     # a metric's chance of landing outside k SDs between identical runs: Student's t over its measured SD where
     # measured (small where the floor raised it), else the normal's
     p_chance = {key: tail(k * sd[key] / noise[key][0], noise[key][1]) if key in noise else tail(k, 0)
@@ -331,12 +376,17 @@ def compare(a: tuple[dict, Path | None], b: tuple[dict, Path | None], noise_sd: 
             reasons.append(f"rung {x['rung']} ({opt}): kept {x.get('kept')} in A, {y.get('kept')} in B")
         cells = []
         for label, key in ROWS:
-            va, vb = x.get("metrics", {}).get(key), y.get("metrics", {}).get(key)
+            (va, kind_a), (vb, kind_b) = figure(x, key, changes), figure(y, key, changes)
             band = k * sd[key]
-            ok = within(va, vb, band)
             if va is None and vb is None:
                 cells.append("-")
                 continue
+            if "reported" in (kind_a, kind_b):  # a timed figure without a run beside it: the machine's speed too
+                cells.append(f"{_fmt(va)} -> {_fmt(vb)} (shown)")
+                continue
+            if kind_a == "change":
+                label = f"{label.split(' (')[0]} vs its control beside it"  # a ratio: no unit
+            ok = within(va, vb, band)
             if ok is None:
                 cells.append(f"{_fmt(va)} -> {_fmt(vb)} (?)")
                 continue
@@ -376,6 +426,10 @@ def compare(a: tuple[dict, Path | None], b: tuple[dict, Path | None], noise_sd: 
                   "in 100): listed, not counted"] + [f"  {t}" for t in outside]
     same_verdicts = sum(x["status"] == y["status"] for x, y in zip(ra, rb))
     sds = f"{k:g} × {noise_sd:g}" if not noise else f"{k:g} × the measured noise (below; at least {noise_sd:g})"
+    if changes:
+        sds += (f" (× √2 for a change: {', '.join(label for label, key in ROWS if key in TIMED)} of each rung after "
+                "the baseline are its change against its control run beside it, B's over A's shown; the baseline's "
+                "are shown, not judged)")
     out += ["", f"verdicts: {same_verdicts}/{len(ra)} the same; metrics: {checked - missed}/{checked} within "
             f"{sds} in log ratio (B / A shown; bold: outside)"]
     if noise:
@@ -430,6 +484,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="two earlier runs of one ladder (not A or B; the same settings, --ignore applying): each "
                         "metric's noise is measured there, the RMS of ln(D / C) over the rungs (at least 5), in place "
                         "of --noise-sd but never below it")
+    p.add_argument("--figures", choices=FIGURES, default="auto",
+                   help="changes: a rung's timed figures against its control run beside it (ladder.interleave); "
+                        "absolute: as they are; auto (default): changes where both ladders ran interleaved")
     p.add_argument("--ignore", action="append", default=[], metavar="KEY",
                    help="a setting (or a prefix: engine.piecewise) whose difference does not count; repeatable")
     args = p.parse_args(argv)
@@ -462,7 +519,13 @@ def main(argv: list[str] | None = None) -> int:
                 raise CompareError("--noise-from: C and D are not runs of one ladder (" + ", ".join(
                     [key for key, _, _ in found[0][:6]] + found[2]) + " differ), so their ratios are effects, "
                     "not noise (--ignore KEY for a setting that does not count)")
-            noise = measured_noise(c, d)
+            changes = args.figures == "changes" or (args.figures == "auto" and interleaved(a_ladder[0])
+                                                    and interleaved(b_ladder[0]))
+            if changes and not (interleaved(c[0]) and interleaved(d[0])):
+                raise CompareError("--noise-from: A and B are compared by their changes against the control runs "
+                                   "beside their rungs, C or D ran without ladder.interleave (--figures absolute "
+                                   "compares A and B as they are)")
+            noise = measured_noise(c, d, changes)
             if not noise:
                 raise CompareError(f"--noise-from: no metric measured over at least {MIN_NOISE_RUNGS} rungs")
             a_opts, c_opts = ([r["opt"] for r in x[0]["rungs"]] for x in (a_ladder, c))
@@ -474,7 +537,7 @@ def main(argv: list[str] | None = None) -> int:
                     [f"{key}: {vc} -> {va}" for key, vc, va in found[0][:8]]
                     + [f"{dg} differs" for dg in found[2]]) + (", ..." if len(found[0]) > 8 else ""))
         reproduced, lines = compare(a_ladder, b_ladder, args.noise_sd, args.k, tuple(args.ignore), args.verdicts,
-                                     noise, args.k_max, args.per_metric)
+                                     noise, args.k_max, args.per_metric, args.figures)
     except CompareError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import logging
+from dataclasses import replace
 from pathlib import Path
 from typing import Callable
 
@@ -35,7 +36,9 @@ def run_ladder(cfg: DictConfig, run_dir: Path, overrides: list[str], choices: di
     (experiments/resume.py); before a rung runs here against a read-back control, that control runs again here
     when ladder.rerun_control says so (`differs`: its machine, versions or code differ from this process's), and
     each rung is judged against the runs of its control made in its own environment where there are any;
-    ladder.stop_on_error: whether a rung that raises ends the ladder."""
+    ladder.interleave: each rung runs beside a run of its control made just before it and is gated against
+    that (a read-back rung is taken only with its run beside it); ladder.stop_on_error: whether a rung that
+    raises ends the ladder."""
     with as_user_error():
         ladder = OmegaConf.to_object(cfg.ladder)
         gate = gate_config(cfg)
@@ -52,20 +55,34 @@ def run_ladder(cfg: DictConfig, run_dir: Path, overrides: list[str], choices: di
         digests = (requests_digest(p.workload.requests), prompts_digest(p.items))
         read_back: set[str] = set()  # rungs taken from ladder.resume_from, not run here
         again: dict[str, list[Arm]] = {}  # such a rung run again (here, or by an earlier resume), by its name
+        beside: dict[str, Arm] = {}  # ladder.interleave: a rung's name -> its control run beside it
         failed: set[str] = set()  # rungs whose run again failed here: not tried twice
 
         def run_rung(name: str, opts: list[str], prev: Arm | None = None) -> Arm:
             extra = [f"+opt=[{','.join(opts)}]"]
             arm = Arm(name, [*base, *extra], compose_arm(base, extra), [], baseline.prepared) if opts else baseline
+            pair = ladder.interleave and prev is not None
+            ctl = Arm(f"{prev.name}{AGAIN}-{name}", prev.overrides, prev.cfg, [], prev.prepared,
+                      score_quality=False) if pair else None
             earlier = ladder.resume_from and resume_rung(Path(ladder.resume_from), name, ladder.repeats,
                                                          arm.resolved, digests, run_dir)
+            if earlier and ctl is not None:  # the rung stands only with the control run beside it
+                ctl.runs = resume_rung(Path(ladder.resume_from), ctl.name, ladder.repeats, prev.resolved, digests,
+                                       run_dir) or []
+                if not ctl.runs:
+                    log.info("resume: %s runs again: its control beside it (%s) did not finish", name, ctl.name)
+                    earlier = None
             if earlier:
                 arm.runs = earlier
                 read_back.add(name)
+            elif ctl is not None:  # control first, then the rung; BA on the next repeat
+                run_arms([ctl, arm], ladder.repeats, run_dir, parent.run_id)
             else:
                 if prev is not None and prev.name in read_back:
                     control_here(prev, name)  # before the rung: a deadline that cuts it leaves no rung judged
                 run_arms([arm], ladder.repeats, run_dir, parent.run_id)
+            if ctl is not None:
+                beside[name] = ctl
             first_runs.append(arm.runs[0])
             return arm
 
@@ -95,7 +112,9 @@ def run_ladder(cfg: DictConfig, run_dir: Path, overrides: list[str], choices: di
             again.setdefault(prev.name, []).append(arm)
 
         def judge(prev: Arm, cand: Arm) -> tuple[Verdict, ArmResult]:
-            if prev.name in read_back:
+            if cand.name in beside:
+                prev = with_answers(beside[cand.name], prev)
+            elif prev.name in read_back:
                 prev = control_for(prev, cand)
             return gate_pair(prev, cand, gate)[:2]
 
@@ -126,6 +145,11 @@ def run_ladder(cfg: DictConfig, run_dir: Path, overrides: list[str], choices: di
             return None
 
         rungs, accepted = climb(ladder.rungs, ladder.keep_inconclusive, run_rung, judge, ladder.stop_on_error)
+        for row in rungs:  # what each rung's latency was gated against: its control's run beside it
+            ctl = beside.get(f"rung{row['rung']}-{row['opt']}")
+            if ctl is not None and ctl.runs:
+                row["control_beside"] = {"name": ctl.name, "run_ids": [r.run_id for r in ctl.runs],
+                                         "metrics": ctl.runs[0].metrics}
         table = ladder_table(rungs)
         (run_dir / "ladder.json").write_text(json.dumps({"ladder": ladder.name, "rungs": rungs,
                                                          "accepted": accepted}, indent=2, default=str))
@@ -139,6 +163,18 @@ def run_ladder(cfg: DictConfig, run_dir: Path, overrides: list[str], choices: di
 
 
 RERUN = "-here"  # a read-back rung run again on this machine as a later rung's control: <rung>-here-<later rung>-r0
+AGAIN = "-again"  # ladder.interleave: a rung's control run beside it: <control>-again-<rung>-r<k>
+
+
+def with_answers(beside: Arm, control: Arm) -> Arm:
+    """The control a rung is gated against under ladder.interleave: the runs made beside the rung (its latency,
+    its environment), with the greedy answers and their scores of the control's own run (the run beside it
+    scored none: greedy answers do not depend on when they are computed, the replay's timing does)."""
+    own = control.runs[0]
+    scores = {k: v for k, v in own.metrics.items() if k.startswith("quality/")}
+    first = replace(beside.runs[0], outputs=own.outputs, quality_per_prompt=own.quality_per_prompt,
+                    metrics={**beside.runs[0].metrics, **scores})
+    return Arm(beside.name, beside.overrides, beside.cfg, [first, *beside.runs[1:]], control.prepared)
 
 
 def climb(opts: list[str], keep_inconclusive: bool, run_rung: RunRung, judge: Judge,

@@ -75,6 +75,11 @@ class LadderConfig:
     # abtest/environment.py), always, or never (its latency gates then report instead of deciding,
     # gate.environment_check); a later resume reads such a rerun back when it ran in the candidate's environment
     rerun_control: str = "differs"
+    # each rung's replay runs beside a run of its control made just before it (<control>-again-<rung>-r<k>,
+    # alternating AB BA over repeats, no quality prompts: the control's own answers stand), and the rung's
+    # latency is gated against that run: a machine whose speed drifts over minutes (an eager GPU step is the
+    # host's speed at launching kernels) then moves both arms of a gate alike. Costs one more replay a rung
+    interleave: bool = False
 
     def __post_init__(self) -> None:
         from engine.opts import OPTS

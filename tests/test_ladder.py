@@ -301,3 +301,65 @@ def test_rung_opts_and_what_keeps_a_rung():
     assert rung_opts(["paged_kv"], "flash_attn") == ["paged_kv", "flash_attn"]
     assert [keeps(s, True) for s in ("pass", "inconclusive", "fail")] == [True, True, False]
     assert [keeps(s, False) for s in ("pass", "inconclusive", "fail")] == [True, False, False]
+
+
+@pytest.fixture(scope="module")
+def interleaved_ladder(tmp_path_factory):
+    """ladder.interleave=true, small: the baseline, two rungs, each beside a run of its control."""
+    tmp = tmp_path_factory.mktemp("interleaved")
+    uri, out = f"sqlite:///{tmp / 'mlflow.db'}", tmp / "ladder"
+    p = run_py([*tiny_ladder_args(out, uri, "[batched_decode,paged_kv]"), "ladder.interleave=true"])
+    assert p.returncode == 0, p.stderr[-3000:]
+    return tmp, uri, out, p.stdout + p.stderr
+
+
+def test_an_interleaved_rung_is_gated_against_its_control_run_beside_it(interleaved_ladder):
+    tmp, uri, out, said = interleaved_ladder
+    rows = json.loads((out / "ladder.json").read_text())["rungs"]
+    assert "control_beside" not in rows[0]
+    for row, control in ((rows[1], "rung0-baseline"), (rows[2], "rung1-batched_decode")):
+        beside = f"{control}-again-rung{row['rung']}-{row['opt']}"
+        ran = load_result(out / f"{beside}-r0")
+        assert ran is not None and ran.run_id == row["control_beside"]["run_ids"][0]
+        assert row["verdict"]["control"] == beside  # its latency gates read the run beside it
+        assert ran.outputs == [] and not (out / f"{beside}-r0" / "quality_outputs.jsonl").exists()  # no prompts
+        # its quality gates read the control's own answers: a lossless rung gives them back exactly
+        assert gates_of(row)["exact_match"]["status"] == "pass"
+        assert row["metrics"]["quality/exact_match_vs_control"] == 1.0
+        assert row["control_beside"]["metrics"]["perf/e2e_ms_p99"] == ran.metrics["perf/e2e_ms_p99"]
+        own = load_result(out / f"{control}-r0")
+        assert ran.metrics["perf/e2e_ms_p99"] != own.metrics["perf/e2e_ms_p99"]  # another replay, not a copy
+    # the latency gate compares the run beside the rung with the rung's, not the control's own run
+    gate = gates_of(rows[1])["latency_max_regression"]
+    base_again = load_result(out / "rung0-baseline-again-rung1-batched_decode-r0").metrics["perf/e2e_ms_p99"]
+    assert gate["control"] == pytest.approx(base_again) and gate["candidate"] == pytest.approx(
+        rows[1]["metrics"]["perf/e2e_ms_p99"])
+    md = (out / "ladder.md").read_text()
+    assert "Each rung against its control run beside it" in md
+    assert "| 2 | paged_kv | rung1-batched_decode-again-rung2-paged_kv | " in md
+    mlflow.set_tracking_uri(uri)
+    names = {r.info.run_name for r in MlflowClient().search_runs(
+        [MlflowClient().get_experiment_by_name("optladder").experiment_id])}
+    assert "rung0-baseline-again-rung1-batched_decode (repeat 0)" in names
+
+
+def test_a_resumed_interleaved_ladder_takes_a_rung_only_with_its_control_run_beside_it(interleaved_ladder):
+    tmp, uri, first, _ = interleaved_ladder
+    before = json.loads((first / "ladder.json").read_text())["rungs"]
+    cut = first / "rung1-batched_decode-again-rung2-paged_kv-r0" / "summary.json"
+    cut.rename(tmp / "summary.json")  # rung 2 finished, the control beside it did not: rung 2 runs again, beside it
+    try:
+        out = tmp / "resumed"
+        p = run_py([*tiny_ladder_args(out, uri, "[batched_decode,paged_kv]"), "ladder.interleave=true",
+                    f"ladder.resume_from={first}"])
+    finally:
+        (tmp / "summary.json").rename(cut)
+    assert p.returncode == 0, p.stderr[-3000:]
+    rows = json.loads((out / "ladder.json").read_text())["rungs"]
+    assert [r["run_id"] for r in rows[:2]] == [r["run_id"] for r in before[:2]]  # read back with its run beside
+    assert rows[1]["control_beside"]["run_ids"] == before[1]["control_beside"]["run_ids"]
+    assert rows[1]["verdict"]["control"] == "rung0-baseline-again-rung1-batched_decode"
+    assert rows[2]["run_id"] != before[2]["run_id"]
+    assert rows[2]["control_beside"]["run_ids"] != before[2]["control_beside"]["run_ids"]
+    assert "rung2-paged_kv runs again: its control beside it" in p.stdout + p.stderr
+    assert not list(out.glob("*-here-*"))  # the run beside a rung is its control here: nothing else runs again

@@ -289,3 +289,58 @@ def test_the_h200_pair_on_one_machine_has_the_same_verdicts_and_moved_eager_metr
             "40; requests_digest differs") in out
     assert "5 metric(s) outside 2 SDs (none as improbable as 4 SDs of a normal), no more than identical runs leave outside by chance (up to 5 " \
            "of the 31 that moved by 1% or more (or lie outside)" in out
+
+
+def _interleave(ladder: dict) -> None:
+    """As if each rung had run beside a run of its control (ladder.interleave): that run measured what the rung
+    before measured."""
+    rungs = ladder["rungs"]
+    for r in rungs[1:]:
+        ctl = rungs[r["rung"] - 1]
+        r["control_beside"] = {"name": f"rung{ctl['rung']}-{ctl['opt'] or 'baseline'}-again-rung{r['rung']}-{r['opt']}",
+                               "run_ids": ["x"], "metrics": {k: v for k, v in ctl["metrics"].items()
+                                                             if not k.startswith("quality/")}}
+
+
+def _drift(ladder: dict, rung: int, factor: float, control_too: bool = True) -> None:
+    """The machine ran `factor` slower through rung `rung`: its timed figures (and its control's run beside it)."""
+    from experiments.ladder_compare import TIMED
+
+    row = ladder["rungs"][rung]
+    for m in [row["metrics"], *([row["control_beside"]["metrics"]] if control_too and rung else [])]:
+        for key in TIMED:
+            if key in m:
+                m[key] *= 1 / factor if key == "perf/throughput_out_tok_s" else factor
+
+
+def test_interleaved_ladders_are_compared_by_each_rung_s_change_against_the_control_beside_it(tmp_path, capsys):
+    a, b = _copy(tmp_path / "a"), _copy(tmp_path / "b")
+    for x in (a, b):
+        _edit_ladder(x, _interleave)
+    # the machine drifted: 1.5x slower through the baseline and rungs 2 and 5 of B, their controls' runs alike
+    _edit_ladder(b, lambda ladder: [_drift(ladder, i, 1.5) for i in (0, 2, 5)])
+    assert main([str(a), str(b)]) == 0  # auto: both interleaved, changes compared
+    out = capsys.readouterr().out
+    assert "against its control run beside it" in out and "\nreproduced" in out
+    assert "| 5166 -> 7750 (shown) |" in out  # the baseline's TTFT p50: the machine's speed, shown, not judged
+    assert main([str(a), str(b), "--figures", "absolute"]) == 1  # as they are, the drift counts
+    assert "rung 2 (flash_attn): TTFT p50 (ms) 4495 -> 6743 (1.50×), outside" in capsys.readouterr().out
+    # the rung slower and not its control: its change moved, named as a change; 1.4x is 2.4 SDs of sqrt(2) x 0.10
+    _edit_ladder(b, lambda ladder: _drift(ladder, 3, 1.4, control_too=False))
+    assert main([str(a), str(b), "--per-metric"]) == 1
+    out = capsys.readouterr().out
+    assert "rung 3 (dynamic_batching): E2E p99 vs its control beside it 0.6823 -> 0.9553 (1.40×), outside ±0.28" in out
+    assert "(2.4 SDs)" in out
+
+
+def test_changes_need_both_ladders_interleaved(tmp_path, capsys):
+    a = _copy(tmp_path / "a")
+    _edit_ladder(a, _interleave)
+    assert main([str(a), str(SMOLLM2), "--figures", "changes"]) == 2
+    assert "B ran without ladder.interleave" in capsys.readouterr().err
+    assert main([str(a), str(SMOLLM2)]) in (0, 1)  # auto: compared as they are
+    assert "against its control run beside it" not in capsys.readouterr().out
+    b = _copy(tmp_path / "b")
+    _edit_ladder(b, _interleave)
+    assert main([str(a), str(b), "--noise-from", str(PAIR / "a"), str(PAIR / "b")]) == 2
+    assert "C or D ran without ladder.interleave" in capsys.readouterr().err
