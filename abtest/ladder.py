@@ -5,6 +5,7 @@ A rung adds one opt to the last accepted rung and is gated against it; a rung th
 left out of the rungs after it, an undecided one is kept (flagged) when `keep_inconclusive` says so."""
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import matplotlib
@@ -22,6 +23,23 @@ ROWS = (("TTFT p50 (ms)", "perf/ttft_ms_p50"), ("TPOT p50 (ms)", "perf/tpot_ms_p
 # a rung beside its control's run (ladder.interleave): the timed figures
 BESIDE = (("TTFT p50 (ms)", "perf/ttft_ms_p50"), ("TPOT p50 (ms)", "perf/tpot_ms_p50"), ("E2E p99 (ms)", "perf/e2e_ms_p99"),
           ("throughput (out tok/s)", "perf/throughput_out_tok_s"))
+
+
+def noise_beside(rungs: list[dict]) -> dict[str, tuple[float, int, float]]:
+    """Run-to-run noise measured inside an interleaved ladder: each control run beside a rung is the same config
+    as that control's own run, minutes apart (an A/A pair). Timed figure (BESIDE's keys) -> (RMS of ln(run beside /
+    own run): the SD of the log ratio of two identical runs, pairs, mean log ratio), over the pairs with both
+    positive. The control of rung i is the rung accepted before it (the row before's accepted_rung)."""
+    by_rung = {r["rung"]: r for r in rungs}
+    logs: dict[str, list[float]] = {key: [] for _, key in BESIDE}
+    for before, r in zip(rungs, rungs[1:]):
+        own = by_rung.get(before.get("accepted_rung"), {}).get("metrics", {})
+        again = (r.get("control_beside") or {}).get("metrics", {})
+        for key in logs:
+            a, b = own.get(key), again.get(key)
+            if isinstance(a, (int, float)) and isinstance(b, (int, float)) and a > 0 and b > 0:
+                logs[key].append(math.log(b / a))
+    return {key: (math.sqrt(sum(v * v for v in x) / len(x)), len(x), sum(x) / len(x)) for key, x in logs.items() if x}
 
 
 def _fmt(v) -> str:
@@ -61,6 +79,13 @@ def ladder_table(rungs: list[dict]) -> str:
             lines.append(f"| {r['rung']} | {r['opt']} | {r['control_beside']['name']} | " + " | ".join(
                 f"{_fmt(c.get(key))} -> {_fmt(m.get(key))} ({_change(c.get(key), m.get(key))})" for _, key in BESIDE)
                 + " |")
+        noise = noise_beside(rungs)
+        if noise:
+            lines += ["", "Run-to-run noise measured beside the rungs (each control's run beside a rung against its "
+                      "own run, the same config minutes apart; RMS of the log ratio over n pairs, its mean; the "
+                      "latency gates assume gate.run_noise): " + "; ".join(
+                          f"{label} {sd:.3f} (n={n}, mean {mean:+.3f})" for label, key in BESIDE if key in noise
+                          for sd, n, mean in [noise[key]])]
     elsewhere = [f"- rung {r['rung']} (+{r['opt']}): {'; '.join(r['environment_vs_baseline'][:4])}"
                  for r in rungs if r.get("environment_vs_baseline")]
     if elsewhere:

@@ -50,6 +50,12 @@ minute apart on one H200), so the baseline's timed figures, and those of a rung 
 and not judged. Memory, KV and quality figures are compared as they are. --figures absolute compares every figure as
 it is (the rule for ladders without interleave).
 
+--noise-within (interleaved ladders): the noise is measured inside A and B themselves: each control run beside a
+rung is the same config as that control's own run, minutes apart, so every rung after the baseline gives an A/A
+pair (abtest/ladder.py's noise_beside); a timed figure's SD of one pair's log ratio is the RMS over both ladders'
+pairs (12 for a ladder of seven rungs), and a change of B against A's differs with sqrt(2) times that (Student's t
+with as many df as pairs; never below sqrt(2) x --noise-sd).
+
 Exit status: 0 reproduced, 1 not (each reason printed), 2 the input cannot be compared (missing files, other rungs).
 """
 from __future__ import annotations
@@ -60,7 +66,7 @@ import math
 import sys
 from pathlib import Path
 
-from abtest.ladder import ROWS, _fmt
+from abtest.ladder import ROWS, _fmt, noise_beside
 from experiments.diff import diff_dicts
 from experiments.snapshot import SNAPSHOT_FILE
 
@@ -214,6 +220,21 @@ def interleaved(ladder: dict) -> bool:
     return bool(ran) and all(r.get("control_beside") for r in ran)
 
 
+def noise_within(*ladders: dict) -> dict[str, tuple[float, int, float]]:
+    """--noise-within: a timed figure -> (SD of the difference of two ladders' changes: sqrt(2) x the RMS of the
+    A/A pairs' log ratios pooled over the ladders, pairs, their mean log ratio)."""
+    logs: dict[str, list[tuple[float, int, float]]] = {}
+    for ladder in ladders:
+        for key, got in noise_beside(ladder["rungs"]).items():
+            logs.setdefault(key, []).append(got)
+    out = {}
+    for key, parts in logs.items():
+        n = sum(m for _, m, _ in parts)
+        rms = math.sqrt(sum(sd * sd * m for sd, m, _ in parts) / n)
+        out[key] = (math.sqrt(2) * rms, n, sum(mean * m for _, m, mean in parts) / n)
+    return out
+
+
 def figure(row: dict, key: str, changes: bool) -> tuple[float | None, str]:
     """(value, kind) of a rung's figure: kind "change" (the rung over its control run beside it), "reported"
     (a timed figure without such a run, under changes: shown, not judged) or "absolute"."""
@@ -293,7 +314,8 @@ def tail(z: float, df: int) -> float:
 def compare(a: tuple[dict, Path | None], b: tuple[dict, Path | None], noise_sd: float = 0.10,
             k: float = 2.0, ignore: tuple[str, ...] = (), verdicts: str = "strict",
             noise: dict[str, tuple[float, int, float]] | None = None, k_max: float = 4.0,
-            per_metric: bool = False, figures: str = "auto") -> tuple[bool, list[str]]:
+            per_metric: bool = False, figures: str = "auto", noise_how: str = "--noise-from; RMS of ln(D / C) over n rungs"
+            ) -> tuple[bool, list[str]]:
     """(reproduced, the report's lines). ignore: settings (keys or prefixes) whose difference does not count,
     e.g. a default that changed between the runs for a switch neither ran. verdicts: strict, every verdict that
     differs counts; consistent, only contradictions and disagreements do (see the module's doc). noise: a metric's
@@ -433,8 +455,8 @@ def compare(a: tuple[dict, Path | None], b: tuple[dict, Path | None], noise_sd: 
     out += ["", f"verdicts: {same_verdicts}/{len(ra)} the same; metrics: {checked - missed}/{checked} within "
             f"{sds} in log ratio (B / A shown; bold: outside)"]
     if noise:
-        out.append("noise measured (--noise-from; RMS of ln(D / C) over n rungs, its mean; used at least "
-                   f"{noise_sd:g}): " + "; ".join(f"{label} {noise[key][0]:.3f} (n={noise[key][1]}, mean "
+        out.append(f"noise measured ({noise_how}, its mean; used at least {noise_sd:g}"
+                   + (", × √2 for a change" if changes else "") + "): " + "; ".join(f"{label} {noise[key][0]:.3f} (n={noise[key][1]}, mean "
                                                   f"{noise[key][2]:+.3f})" for label, key in ROWS if key in noise))
     out.append("load: the trace's offered out tok/s times the ms a decode-only step took per decode row, over 1000 "
                f"(an estimate: {LOADED:g} or more is at or near capacity)")
@@ -487,6 +509,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--figures", choices=FIGURES, default="auto",
                    help="changes: a rung's timed figures against its control run beside it (ladder.interleave); "
                         "absolute: as they are; auto (default): changes where both ladders ran interleaved")
+    p.add_argument("--noise-within", action="store_true",
+                   help="interleaved ladders: measure each timed figure's noise on the A/A pairs inside A and B (each "
+                        "control's run beside a rung against its own run), in place of --noise-sd but never below it")
     p.add_argument("--ignore", action="append", default=[], metavar="KEY",
                    help="a setting (or a prefix: engine.piecewise) whose difference does not count; repeatable")
     args = p.parse_args(argv)
@@ -499,7 +524,20 @@ def main(argv: list[str] | None = None) -> int:
     noise_notes: list[str] = []
     try:
         a_ladder, b_ladder = load_ladder(args.ladder_a), load_ladder(args.ladder_b)
-        noise = None
+        noise, how = None, "--noise-from; RMS of ln(D / C) over n rungs"
+        if args.noise_within:
+            if args.noise_from:
+                raise CompareError("--noise-within and --noise-from: give one way to measure the noise")
+            if args.figures == "absolute" or not (interleaved(a_ladder[0]) and interleaved(b_ladder[0])):
+                raise CompareError("--noise-within: needs both ladders interleaved (ladder.interleave=true) and "
+                                   "their changes compared (not --figures absolute): "
+                                   + (" and ".join(n for n, x in (("A", a_ladder), ("B", b_ladder))
+                                                   if not interleaved(x[0])) + " ran without it"
+                                      if not (interleaved(a_ladder[0]) and interleaved(b_ladder[0]))
+                                      else "--figures absolute given"))
+            noise = noise_within(a_ladder[0], b_ladder[0])
+            how = ("--noise-within; √2 × the RMS of ln(run beside a rung / its control's own run) over n A/A pairs "
+                   "of A and B")
         if args.noise_from:
             def where(x: str) -> Path:  # a run directory, given as itself or by its ladder.json
                 path = Path(x).resolve()
@@ -537,7 +575,7 @@ def main(argv: list[str] | None = None) -> int:
                     [f"{key}: {vc} -> {va}" for key, vc, va in found[0][:8]]
                     + [f"{dg} differs" for dg in found[2]]) + (", ..." if len(found[0]) > 8 else ""))
         reproduced, lines = compare(a_ladder, b_ladder, args.noise_sd, args.k, tuple(args.ignore), args.verdicts,
-                                     noise, args.k_max, args.per_metric, args.figures)
+                                     noise, args.k_max, args.per_metric, args.figures, how)
     except CompareError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -337,6 +337,7 @@ def test_an_interleaved_rung_is_gated_against_its_control_run_beside_it(interlea
     md = (out / "ladder.md").read_text()
     assert "Each rung against its control run beside it" in md
     assert "| 2 | paged_kv | rung1-batched_decode-again-rung2-paged_kv | " in md
+    assert "Run-to-run noise measured beside the rungs" in md and "(n=2, mean " in md  # two A/A pairs
     mlflow.set_tracking_uri(uri)
     names = {r.info.run_name for r in MlflowClient().search_runs(
         [MlflowClient().get_experiment_by_name("optladder").experiment_id])}
