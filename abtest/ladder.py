@@ -21,8 +21,8 @@ ROWS = (("TTFT p50 (ms)", "perf/ttft_ms_p50"), ("TPOT p50 (ms)", "perf/tpot_ms_p
         ("ROUGE-L vs references", "quality/rougeL_vs_ref"))
 
 # a rung beside its control's run (ladder.interleave): the timed figures
-BESIDE = (("TTFT p50 (ms)", "perf/ttft_ms_p50"), ("TPOT p50 (ms)", "perf/tpot_ms_p50"), ("E2E p99 (ms)", "perf/e2e_ms_p99"),
-          ("throughput (out tok/s)", "perf/throughput_out_tok_s"))
+BESIDE = (("TTFT p50 (ms)", "perf/ttft_ms_p50"), ("TPOT p50 (ms)", "perf/tpot_ms_p50"),
+          ("E2E p99 (ms)", "perf/e2e_ms_p99"), ("throughput (out tok/s)", "perf/throughput_out_tok_s"))
 
 
 def noise_beside(rungs: list[dict]) -> dict[str, tuple[float, int, float]]:
@@ -86,6 +86,12 @@ def ladder_table(rungs: list[dict]) -> str:
                       "latency gates assume gate.run_noise): " + "; ".join(
                           f"{label} {sd:.3f} (n={n}, mean {mean:+.3f})" for label, key in BESIDE if key in noise
                           for sd, n, mean in [noise[key]])]
+            last = next((r["run_noise_pooled"] for r in reversed(rungs) if r.get("run_noise_pooled")), None)
+            if last:
+                lines.append("The latency gates pooled them with gate.run_noise (ladder.pool_noise), at the last rung: "
+                             + "; ".join(f"{m} prior {u['prior']:.3f} x {u['prior_weight']:g} with {u['pairs']} "
+                                         f"pair(s) (RMS {u['aa_rms']:.3f}) -> {u['pooled']:.3f}"
+                                         for m, u in last.items()))
     elsewhere = [f"- rung {r['rung']} (+{r['opt']}): {'; '.join(r['environment_vs_baseline'][:4])}"
                  for r in rungs if r.get("environment_vs_baseline")]
     if elsewhere:

@@ -10,7 +10,7 @@ except a non-inferiority check that fails. No torch, no I/O.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Literal
 
 import numpy as np
@@ -160,6 +160,42 @@ def _relative_gate(gate: str, metric: str, bound: float, control: ArmResult, can
              + (f" and gate.run_noise {prior:.1%} x {cfg.run_noise_weight:g}" if prior is not None else ""))
     return GateResult(gate, metric, status, f"{head} {_ci(iv, cfg.alpha)} over {pairs} run pair(s) "
                       f"({dropped} requests dropped; {noise}); {limit} -> {status}", c, k, iv, bound)
+
+
+def aa_log_ratio(metric: str, first: list, again: list) -> float | None:
+    """ln(stat(again) / stat(first)) of a paired latency metric (perf/e2e_ms_p99, ...) over two runs of one config
+    (an A/A pair), on the requests ok in both, as a latency gate pairs them; None when the metric is not a paired
+    latency or fewer than two requests are there."""
+    m = PAIRED_LATENCY.match(metric)
+    if m is None or not (first and again):
+        return None
+    kind, stat = m.groups()
+    values, _ = align_runs([first, again], kind)
+    if values.shape[1] < 2:
+        return None
+    q = _QUANTILES[stat]
+    a, b = (float(np.mean(v) if q is None else np.quantile(v, q)) for v in values)
+    return math.log(b / a) if a > 0 and b > 0 else None
+
+
+def pooled_run_noise(cfg: GateConfig, log_ratios: dict[str, list[float]]) -> tuple[GateConfig, dict[str, dict]]:
+    """gate.run_noise pooled with A/A pairs measured alongside (a ladder's control runs beside its rungs): for each
+    metric of gate.run_noise, SD = sqrt((weight x prior^2 + sum d^2) / (weight + pairs)), the prior counting
+    run_noise_weight pairs as before and each A/A pair one degree of freedom (its true log ratio is 0); the weight
+    becomes weight + pairs (the fewest of the metrics'). Returns the config to gate with and, per metric, what was
+    pooled."""
+    w = cfg.run_noise_weight
+    noise, used = dict(cfg.run_noise), {}
+    for metric, prior in cfg.run_noise.items():
+        d = log_ratios.get(metric) or []
+        if d:
+            noise[metric] = math.sqrt((w * prior ** 2 + sum(x * x for x in d)) / (w + len(d)))
+            used[metric] = {"prior": prior, "prior_weight": w, "pairs": len(d),
+                            "aa_rms": math.sqrt(sum(x * x for x in d) / len(d)), "pooled": noise[metric]}
+    if not used:
+        return cfg, {}
+    pairs = min(u["pairs"] for u in used.values())
+    return replace(cfg, run_noise=noise, run_noise_weight=w + pairs), used
 
 
 def _quality_gate(metric: str, margin: float, control: ArmResult, candidate: ArmResult,

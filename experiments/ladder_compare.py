@@ -314,8 +314,8 @@ def tail(z: float, df: int) -> float:
 def compare(a: tuple[dict, Path | None], b: tuple[dict, Path | None], noise_sd: float = 0.10,
             k: float = 2.0, ignore: tuple[str, ...] = (), verdicts: str = "strict",
             noise: dict[str, tuple[float, int, float]] | None = None, k_max: float = 4.0,
-            per_metric: bool = False, figures: str = "auto", noise_how: str = "--noise-from; RMS of ln(D / C) over n rungs"
-            ) -> tuple[bool, list[str]]:
+            per_metric: bool = False, figures: str = "auto",
+            noise_how: str = "--noise-from; RMS of ln(D / C) over n rungs") -> tuple[bool, list[str]]:
     """(reproduced, the report's lines). ignore: settings (keys or prefixes) whose difference does not count,
     e.g. a default that changed between the runs for a switch neither ran. verdicts: strict, every verdict that
     differs counts; consistent, only contradictions and disagreements do (see the module's doc). noise: a metric's
@@ -456,8 +456,9 @@ def compare(a: tuple[dict, Path | None], b: tuple[dict, Path | None], noise_sd: 
             f"{sds} in log ratio (B / A shown; bold: outside)"]
     if noise:
         out.append(f"noise measured ({noise_how}, its mean; used at least {noise_sd:g}"
-                   + (", × √2 for a change" if changes else "") + "): " + "; ".join(f"{label} {noise[key][0]:.3f} (n={noise[key][1]}, mean "
-                                                  f"{noise[key][2]:+.3f})" for label, key in ROWS if key in noise))
+                   + (f", for a change √2 × {noise_sd:g}" if changes else "") + "): "
+                   + "; ".join(f"{label} {noise[key][0]:.3f} (n={noise[key][1]}, mean {noise[key][2]:+.3f})"
+                               for label, key in ROWS if key in noise))
     out.append("load: the trace's offered out tok/s times the ms a decode-only step took per decode row, over 1000 "
                f"(an estimate: {LOADED:g} or more is at or near capacity)")
     kept = sum(x.get("kept") == y.get("kept") for x, y in zip(ra, rb))

@@ -14,7 +14,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from abtest.environment import across_runs, describe, differences
 from abtest.ladder import keeps, ladder_chart, ladder_table, rung_opts
-from abtest.verdict import ArmResult, Verdict, verdict_table
+from abtest.verdict import ArmResult, Verdict, aa_log_ratio, pooled_run_noise, verdict_table
 from experiments.ab_run import (Arm, base_overrides, check_rung_engines, compose_arm, free_device_memory, gate_config,
                                 gate_pair, prepare_arms, run_arms)
 from experiments.errors import as_user_error
@@ -37,7 +37,8 @@ def run_ladder(cfg: DictConfig, run_dir: Path, overrides: list[str], choices: di
     when ladder.rerun_control says so (`differs`: its machine, versions or code differ from this process's), and
     each rung is judged against the runs of its control made in its own environment where there are any;
     ladder.interleave: each rung runs beside a run of its control made just before it and is gated against
-    that (a read-back rung is taken only with its run beside it); ladder.stop_on_error: whether a rung that
+    that (a read-back rung is taken only with its run beside it), with gate.run_noise pooled with the A/A pairs
+    so far (ladder.pool_noise); ladder.stop_on_error: whether a rung that
     raises ends the ladder."""
     with as_user_error():
         ladder = OmegaConf.to_object(cfg.ladder)
@@ -56,6 +57,8 @@ def run_ladder(cfg: DictConfig, run_dir: Path, overrides: list[str], choices: di
         read_back: set[str] = set()  # rungs taken from ladder.resume_from, not run here
         again: dict[str, list[Arm]] = {}  # such a rung run again (here, or by an earlier resume), by its name
         beside: dict[str, Arm] = {}  # ladder.interleave: a rung's name -> its control run beside it
+        aa: dict[str, list[float]] = {}  # gate.run_noise's metrics -> the A/A pairs' log ratios so far
+        pooled: dict[str, dict] = {}  # a rung's name -> the run noise its latency gates used (ladder.pool_noise)
         failed: set[str] = set()  # rungs whose run again failed here: not tried twice
 
         def run_rung(name: str, opts: list[str], prev: Arm | None = None) -> Arm:
@@ -113,8 +116,19 @@ def run_ladder(cfg: DictConfig, run_dir: Path, overrides: list[str], choices: di
 
         def judge(prev: Arm, cand: Arm) -> tuple[Verdict, ArmResult]:
             if cand.name in beside:
-                prev = with_answers(beside[cand.name], prev)
-            elif prev.name in read_back:
+                ctl = beside[cand.name]
+                if not ladder.pool_noise:
+                    return gate_pair(with_answers(ctl, prev), cand, gate)[:2]
+                for own, again in zip(prev.runs, ctl.runs):  # an A/A pair, unless a machine lies between them
+                    if across_runs([own.snapshot.get("environment") or {}], [again.snapshot.get("environment") or {}]):
+                        continue
+                    for metric in gate.run_noise:
+                        d = aa_log_ratio(metric, own.records, again.records)
+                        if d is not None:
+                            aa.setdefault(metric, []).append(d)
+                pooled_gate, pooled[cand.name] = pooled_run_noise(gate, aa)
+                return gate_pair(with_answers(ctl, prev), cand, pooled_gate)[:2]
+            if prev.name in read_back:
                 prev = control_for(prev, cand)
             return gate_pair(prev, cand, gate)[:2]
 
@@ -146,10 +160,13 @@ def run_ladder(cfg: DictConfig, run_dir: Path, overrides: list[str], choices: di
 
         rungs, accepted = climb(ladder.rungs, ladder.keep_inconclusive, run_rung, judge, ladder.stop_on_error)
         for row in rungs:  # what each rung's latency was gated against: its control's run beside it
-            ctl = beside.get(f"rung{row['rung']}-{row['opt']}")
+            name = f"rung{row['rung']}-{row['opt']}"
+            ctl = beside.get(name)
             if ctl is not None and ctl.runs:
                 row["control_beside"] = {"name": ctl.name, "run_ids": [r.run_id for r in ctl.runs],
                                          "metrics": ctl.runs[0].metrics}
+            if pooled.get(name):  # gate.run_noise as its latency gates used it
+                row["run_noise_pooled"] = pooled[name]
         table = ladder_table(rungs)
         (run_dir / "ladder.json").write_text(json.dumps({"ladder": ladder.name, "rungs": rungs,
                                                          "accepted": accepted}, indent=2, default=str))

@@ -80,6 +80,9 @@ class LadderConfig:
     # latency is gated against that run: a machine whose speed drifts over minutes (an eager GPU step is the
     # host's speed at launching kernels) then moves both arms of a gate alike. Costs one more replay a rung
     interleave: bool = False
+    # under interleave: each control run beside a rung and that control's own run are an A/A pair; the latency
+    # gates' gate.run_noise pools the pairs measured so far (one df each) with its prior (abtest/verdict.py)
+    pool_noise: bool = True
 
     def __post_init__(self) -> None:
         from engine.opts import OPTS

@@ -1,5 +1,6 @@
 """The ladder: its rung logic with a stub arm runner and the real gates, then a real tiny run through run.py."""
 import json
+import math
 import os
 import subprocess
 import sys
@@ -303,12 +304,18 @@ def test_rung_opts_and_what_keeps_a_rung():
     assert [keeps(s, False) for s in ("pass", "inconclusive", "fail")] == [True, False, False]
 
 
+def interleaved_args(out: Path, uri: str) -> list[str]:
+    """12 requests: enough pairs (gate.min_pairs) for a latency interval."""
+    args = tiny_ladder_args(out, uri, "[batched_decode,paged_kv]")
+    return [a.replace("num_requests=6", "num_requests=12") for a in args] + ["ladder.interleave=true"]
+
+
 @pytest.fixture(scope="module")
 def interleaved_ladder(tmp_path_factory):
     """ladder.interleave=true, small: the baseline, two rungs, each beside a run of its control."""
     tmp = tmp_path_factory.mktemp("interleaved")
     uri, out = f"sqlite:///{tmp / 'mlflow.db'}", tmp / "ladder"
-    p = run_py([*tiny_ladder_args(out, uri, "[batched_decode,paged_kv]"), "ladder.interleave=true"])
+    p = run_py(interleaved_args(out, uri))
     assert p.returncode == 0, p.stderr[-3000:]
     return tmp, uri, out, p.stdout + p.stderr
 
@@ -338,6 +345,21 @@ def test_an_interleaved_rung_is_gated_against_its_control_run_beside_it(interlea
     assert "Each rung against its control run beside it" in md
     assert "| 2 | paged_kv | rung1-batched_decode-again-rung2-paged_kv | " in md
     assert "Run-to-run noise measured beside the rungs" in md and "(n=2, mean " in md  # two A/A pairs
+    # each rung's latency gates pooled gate.run_noise (0.10 x 4) with the A/A pairs measured up to it: rung 1 with
+    # the baseline's own run and its run beside rung 1, rung 2 with that and rung 1's pair
+    d = []
+    for row, control in ((rows[1], "rung0-baseline"), (rows[2], "rung1-batched_decode")):
+        own = {r.id: r.e2e for r in load_result(out / f"{control}-r0").records if r.ok}
+        again = {r.id: r.e2e for r in load_result(out / f"{control}-again-rung{row['rung']}-{row['opt']}-r0").records
+                 if r.ok}
+        ids = sorted(own.keys() & again.keys())
+        d.append(math.log(np.quantile([again[i] for i in ids], 0.99) / np.quantile([own[i] for i in ids], 0.99)))
+        used = row["run_noise_pooled"]["perf/e2e_ms_p99"]
+        assert used["pairs"] == len(d) and used["prior"] == 0.10 and used["prior_weight"] == 4
+        assert used["pooled"] == pytest.approx(math.sqrt((4 * 0.10 ** 2 + sum(x * x for x in d)) / (4 + len(d))))
+        gate = gates_of(row)["latency_max_regression"]
+        assert gate["interval"] is not None and f"gate.run_noise {used['pooled']:.1%} x {4 + len(d)}" in gate["reason"]
+    assert "The latency gates pooled them with gate.run_noise (ladder.pool_noise)" in md
     mlflow.set_tracking_uri(uri)
     names = {r.info.run_name for r in MlflowClient().search_runs(
         [MlflowClient().get_experiment_by_name("optladder").experiment_id])}
@@ -351,8 +373,7 @@ def test_a_resumed_interleaved_ladder_takes_a_rung_only_with_its_control_run_bes
     cut.rename(tmp / "summary.json")  # rung 2 finished, the control beside it did not: rung 2 runs again, beside it
     try:
         out = tmp / "resumed"
-        p = run_py([*tiny_ladder_args(out, uri, "[batched_decode,paged_kv]"), "ladder.interleave=true",
-                    f"ladder.resume_from={first}"])
+        p = run_py([*interleaved_args(out, uri), f"ladder.resume_from={first}"])
     finally:
         (tmp / "summary.json").rename(cut)
     assert p.returncode == 0, p.stderr[-3000:]
@@ -364,3 +385,22 @@ def test_a_resumed_interleaved_ladder_takes_a_rung_only_with_its_control_run_bes
     assert rows[2]["control_beside"]["run_ids"] != before[2]["control_beside"]["run_ids"]
     assert "rung2-paged_kv runs again: its control beside it" in p.stdout + p.stderr
     assert not list(out.glob("*-here-*"))  # the run beside a rung is its control here: nothing else runs again
+
+
+def test_pooled_run_noise_counts_each_a_a_pair_as_one_degree_of_freedom_beside_the_prior():
+    from abtest.verdict import aa_log_ratio, pooled_run_noise
+
+    gate = GateConfig(run_noise={"perf/e2e_ms_p99": 0.10}, run_noise_weight=4)
+    same, used = pooled_run_noise(gate, {})
+    assert same is gate and used == {}
+    pooled, used = pooled_run_noise(gate, {"perf/e2e_ms_p99": [0.3, -0.3], "perf/ttft_ms_p50": [1.0]})
+    assert pooled.run_noise == {"perf/e2e_ms_p99": pytest.approx(math.sqrt((4 * 0.01 + 0.18) / 6))}
+    assert pooled.run_noise_weight == 6 and gate.run_noise["perf/e2e_ms_p99"] == 0.10  # a copy
+    assert used["perf/e2e_ms_p99"]["aa_rms"] == pytest.approx(0.3) and "perf/ttft_ms_p50" not in used  # no prior
+    recs = [RequestRecord(f"r{i}", 0.0, 10, 4, sent_at=0.0, first_token_at=0.1, finished_at=1.0 + i, output_tokens=4,
+                          ok=True) for i in range(5)]
+    slower = [RequestRecord(r.id, 0.0, 10, 4, sent_at=0.0, first_token_at=0.1, finished_at=2 * r.finished_at,
+                            output_tokens=4, ok=True) for r in recs]
+    assert aa_log_ratio("perf/e2e_ms_p99", recs, slower) == pytest.approx(math.log(2))
+    assert aa_log_ratio("perf/e2e_ms_p99", recs, slower[:1]) is None  # one request in both
+    assert aa_log_ratio("perf/throughput_out_tok_s", recs, slower) is None  # not a paired latency

@@ -330,7 +330,8 @@ def test_interleaved_ladders_are_compared_by_each_rung_s_change_against_the_cont
     _edit_ladder(b, lambda ladder: _drift(ladder, 3, 1.4, control_too=False))
     assert main([str(a), str(b), "--per-metric"]) == 1
     out = capsys.readouterr().out
-    assert "rung 3 (dynamic_batching): E2E p99 vs its control beside it 0.6823 -> 0.9553 (1.40×), outside ±0.28" in out
+    assert ("rung 3 (dynamic_batching): E2E p99 vs its control beside it 0.6823 -> 0.9553 (1.40×), outside ±0.28"
+            in out)
     assert "(2.4 SDs)" in out
 
 
