@@ -182,7 +182,8 @@ def pooled_run_noise(cfg: GateConfig, log_ratios: dict[str, list[float]]) -> tup
     """gate.run_noise pooled with A/A pairs measured alongside (a ladder's control runs beside its rungs): for each
     metric of gate.run_noise, SD = sqrt((weight x prior^2 + sum d^2) / (weight + pairs)), the prior counting
     run_noise_weight pairs as before and each A/A pair one degree of freedom (its true log ratio is 0); the weight
-    becomes weight + pairs (the fewest of the metrics'). Returns the config to gate with and, per metric, what was
+    becomes weight + pairs, the fewest of any metric of gate.run_noise (0 for one without pairs: one weight serves
+    every metric, and none may be given more degrees of freedom than it has). Returns the config to gate with and, per metric, what was
     pooled."""
     w = cfg.run_noise_weight
     noise, used = dict(cfg.run_noise), {}
@@ -194,7 +195,7 @@ def pooled_run_noise(cfg: GateConfig, log_ratios: dict[str, list[float]]) -> tup
                             "aa_rms": math.sqrt(sum(x * x for x in d) / len(d)), "pooled": noise[metric]}
     if not used:
         return cfg, {}
-    pairs = min(u["pairs"] for u in used.values())
+    pairs = min(used[m]["pairs"] if m in used else 0 for m in cfg.run_noise)  # the df no metric overstates
     return replace(cfg, run_noise=noise, run_noise_weight=w + pairs), used
 
 

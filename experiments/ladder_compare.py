@@ -236,15 +236,18 @@ def noise_within(*ladders: dict) -> dict[str, tuple[float, int, float]]:
 
 
 def figure(row: dict, key: str, changes: bool) -> tuple[float | None, str]:
-    """(value, kind) of a rung's figure: kind "change" (the rung over its control run beside it), "reported"
-    (a timed figure without such a run, under changes: shown, not judged) or "absolute"."""
+    """(value, kind) of a rung's figure: kind "change" (the rung over its control run beside it; None where either
+    lacks the figure), "reported" (a timed figure of a rung without such a run, the baseline's, under changes:
+    shown, not judged) or "absolute"."""
     value = row.get("metrics", {}).get(key)
     if not changes or key not in TIMED:
         return value, "absolute"
-    ctl = (row.get("control_beside") or {}).get("metrics", {}).get(key)
+    if not row.get("control_beside"):
+        return value, "reported"
+    ctl = row["control_beside"].get("metrics", {}).get(key)
     if isinstance(value, (int, float)) and isinstance(ctl, (int, float)) and value > 0 and ctl > 0:
         return value / ctl, "change"
-    return value, "reported"
+    return None, "change"  # not measured in one of the two: "-" where neither ladder has it, "(?)" otherwise
 
 
 def measured_noise(c: tuple[dict, Path | None], d: tuple[dict, Path | None], changes: bool = False
@@ -404,6 +407,7 @@ def compare(a: tuple[dict, Path | None], b: tuple[dict, Path | None], noise_sd: 
                 cells.append("-")
                 continue
             if "reported" in (kind_a, kind_b):  # a timed figure without a run beside it: the machine's speed too
+                va, vb = x.get("metrics", {}).get(key), y.get("metrics", {}).get(key)  # both as measured
                 cells.append(f"{_fmt(va)} -> {_fmt(vb)} (shown)")
                 continue
             if kind_a == "change":
@@ -455,7 +459,7 @@ def compare(a: tuple[dict, Path | None], b: tuple[dict, Path | None], noise_sd: 
     out += ["", f"verdicts: {same_verdicts}/{len(ra)} the same; metrics: {checked - missed}/{checked} within "
             f"{sds} in log ratio (B / A shown; bold: outside)"]
     if noise:
-        out.append(f"noise measured ({noise_how}, its mean; used at least {noise_sd:g}"
+        out.append(f"noise measured ({noise_how}{'' if 'mean' in noise_how else ', its mean'}; used at least {noise_sd:g}"
                    + (f", for a change √2 × {noise_sd:g}" if changes else "") + "): "
                    + "; ".join(f"{label} {noise[key][0]:.3f} (n={noise[key][1]}, mean {noise[key][2]:+.3f})"
                                for label, key in ROWS if key in noise))
@@ -538,7 +542,7 @@ def main(argv: list[str] | None = None) -> int:
                                       else "--figures absolute given"))
             noise = noise_within(a_ladder[0], b_ladder[0])
             how = ("--noise-within; √2 × the RMS of ln(run beside a rung / its control's own run) over n A/A pairs "
-                   "of A and B")
+                   "of A and B, and the pairs' mean log ratio")
         if args.noise_from:
             def where(x: str) -> Path:  # a run directory, given as itself or by its ladder.json
                 path = Path(x).resolve()

@@ -19,7 +19,7 @@ from experiments.ab_run import (Arm, base_overrides, check_rung_engines, compose
                                 gate_pair, prepare_arms, run_arms)
 from experiments.errors import as_user_error
 from experiments.load_curves import write_load_curves
-from experiments.resume import resume_rung
+from experiments.resume import find_rung, resume_rung, take_rung
 from experiments.snapshot import SNAPSHOT_FILE, environment
 from experiments.tracking import Tracker
 from quality.prompts import prompts_digest
@@ -59,6 +59,7 @@ def run_ladder(cfg: DictConfig, run_dir: Path, overrides: list[str], choices: di
         beside: dict[str, Arm] = {}  # ladder.interleave: a rung's name -> its control run beside it
         aa: dict[str, list[float]] = {}  # gate.run_noise's metrics -> the A/A pairs' log ratios so far
         pooled: dict[str, dict] = {}  # a rung's name -> the run noise its latency gates used (ladder.pool_noise)
+        paired: set[str | None] = set()  # the control runs an A/A pair was taken from
         failed: set[str] = set()  # rungs whose run again failed here: not tried twice
 
         def run_rung(name: str, opts: list[str], prev: Arm | None = None) -> Arm:
@@ -67,25 +68,35 @@ def run_ladder(cfg: DictConfig, run_dir: Path, overrides: list[str], choices: di
             pair = ladder.interleave and prev is not None
             ctl = Arm(f"{prev.name}{AGAIN}-{name}", prev.overrides, prev.cfg, [], prev.prepared,
                       score_quality=False) if pair else None
-            earlier = ladder.resume_from and resume_rung(Path(ladder.resume_from), name, ladder.repeats,
-                                                         arm.resolved, digests, run_dir)
+            if ctl is not None:
+                beside[name] = ctl  # its runs, once there are any, are in ladder.json's row (an error row's too)
+            src = Path(ladder.resume_from) if ladder.resume_from else None
+            earlier = src and find_rung(src, name, ladder.repeats, arm.resolved, digests)
             if earlier and ctl is not None:  # the rung stands only with the control run beside it
-                ctl.runs = resume_rung(Path(ladder.resume_from), ctl.name, ladder.repeats, prev.resolved, digests,
-                                       run_dir) or []
-                if not ctl.runs:
+                ctl_runs = find_rung(src, ctl.name, ladder.repeats, prev.resolved, digests)
+                if ctl_runs:
+                    ctl.runs = take_rung(ctl_runs, src, ctl.name, run_dir)
+                else:
                     log.info("resume: %s runs again: its control beside it (%s) did not finish", name, ctl.name)
                     earlier = None
             if earlier:
-                arm.runs = earlier
+                arm.runs = take_rung(earlier, src, name, run_dir)
                 read_back.add(name)
             elif ctl is not None:  # control first, then the rung; BA on the next repeat
-                run_arms([ctl, arm], ladder.repeats, run_dir, parent.run_id)
+                # the control's own answers stand for the run beside it only where they were computed here
+                ctl.score_quality = bool(across_runs(prev.environments, [environment()]))
+                try:
+                    run_arms([ctl, arm], ladder.repeats, run_dir, parent.run_id)
+                except Exception as e:
+                    order = [x for r in range(ladder.repeats) for x in ((ctl, arm) if r % 2 == 0 else (arm, ctl))]
+                    if order[len(ctl.runs) + len(arm.runs)] is ctl:  # the run that raised: the control's
+                        raise RuntimeError(f"its control run beside it ({ctl.name}) raised: {type(e).__name__}: "
+                                           f"{str(e).strip()}") from e
+                    raise
             else:
                 if prev is not None and prev.name in read_back:
                     control_here(prev, name)  # before the rung: a deadline that cuts it leaves no rung judged
                 run_arms([arm], ladder.repeats, run_dir, parent.run_id)
-            if ctl is not None:
-                beside[name] = ctl
             first_runs.append(arm.runs[0])
             return arm
 
@@ -119,13 +130,18 @@ def run_ladder(cfg: DictConfig, run_dir: Path, overrides: list[str], choices: di
                 ctl = beside[cand.name]
                 if not ladder.pool_noise:
                     return gate_pair(with_answers(ctl, prev), cand, gate)[:2]
-                for own, again in zip(prev.runs, ctl.runs):  # an A/A pair, unless a machine lies between them
-                    if across_runs([own.snapshot.get("environment") or {}], [again.snapshot.get("environment") or {}]):
-                        continue
-                    for metric in gate.run_noise:
-                        d = aa_log_ratio(metric, own.records, again.records)
-                        if d is not None:
-                            aa.setdefault(metric, []).append(d)
+                # an A/A pair: the control's own run and its run beside the rung, made one after the other in one
+                # environment (not where one of them was read back from an earlier run and the other made here)
+                same_run = (prev.name in read_back) == (cand.name in read_back)
+                for own, run in zip(prev.runs, ctl.runs):
+                    if not same_run or own.run_id in paired or across_runs([own.snapshot.get("environment") or {}],
+                                                           [run.snapshot.get("environment") or {}]):
+                        continue  # a control's own run pairs once: two pairs sharing it are not independent
+                    d = {metric: aa_log_ratio(metric, own.records, run.records) for metric in gate.run_noise}
+                    if d and None not in d.values():
+                        paired.add(own.run_id)
+                        for metric, x in d.items():
+                            aa.setdefault(metric, []).append(x)
                 pooled_gate, pooled[cand.name] = pooled_run_noise(gate, aa)
                 return gate_pair(with_answers(ctl, prev), cand, pooled_gate)[:2]
             if prev.name in read_back:
@@ -186,7 +202,10 @@ AGAIN = "-again"  # ladder.interleave: a rung's control run beside it: <control>
 def with_answers(beside: Arm, control: Arm) -> Arm:
     """The control a rung is gated against under ladder.interleave: the runs made beside the rung (its latency,
     its environment), with the greedy answers and their scores of the control's own run (the run beside it
-    scored none: greedy answers do not depend on when they are computed, the replay's timing does)."""
+    scored none: greedy answers do not depend on when they are computed, the replay's timing does); the run
+    beside it as it is where it scored its own (the control's own run was made in another environment)."""
+    if beside.runs[0].outputs:
+        return beside
     own = control.runs[0]
     scores = {k: v for k, v in own.metrics.items() if k.startswith("quality/")}
     first = replace(beside.runs[0], outputs=own.outputs, quality_per_prompt=own.quality_per_prompt,

@@ -57,6 +57,14 @@ def why_not(result: ExperimentResult, resolved: dict, digests: tuple[str, str] |
 def resume_rung(earlier_dir: Path, name: str, repeats: int, resolved: dict, digests: tuple[str, str] | None,
                 out_dir: Path) -> list[ExperimentResult] | None:
     """Every repeat of rung `name` from `earlier_dir`, copied into `out_dir`, or None to run it again."""
+    results = find_rung(earlier_dir, name, repeats, resolved, digests)
+    return take_rung(results, earlier_dir, name, out_dir) if results else None
+
+
+def find_rung(earlier_dir: Path, name: str, repeats: int, resolved: dict, digests: tuple[str, str] | None
+              ) -> list[ExperimentResult] | None:
+    """Every repeat of rung `name` in `earlier_dir` when each finished with these settings and data, else None
+    (nothing copied: a rung that runs again must not find the earlier records in its directory)."""
     results = []
     for r in range(repeats):
         src = Path(earlier_dir) / f"{name}-r{r}"
@@ -69,6 +77,12 @@ def resume_rung(earlier_dir: Path, name: str, repeats: int, resolved: dict, dige
             log.warning("resume: %s runs again: %s", name, reason)
             return None
         results.append(res)
+    return results
+
+
+def take_rung(results: list[ExperimentResult], earlier_dir: Path, name: str, out_dir: Path
+              ) -> list[ExperimentResult]:
+    """find_rung's runs copied into `out_dir` (this run directory stays whole)."""
     for r, res in enumerate(results):
         dest = Path(out_dir) / f"{name}-r{r}"
         if dest.resolve() != res.run_dir.resolve():

@@ -385,6 +385,39 @@ def test_a_resumed_interleaved_ladder_takes_a_rung_only_with_its_control_run_bes
     assert rows[2]["control_beside"]["run_ids"] != before[2]["control_beside"]["run_ids"]
     assert "rung2-paged_kv runs again: its control beside it" in p.stdout + p.stderr
     assert not list(out.glob("*-here-*"))  # the run beside a rung is its control here: nothing else runs again
+    # the rung ran again into a directory of its own, not on top of the earlier run's records
+    assert len(load_result(out / "rung2-paged_kv-r0").records) == 12
+    assert not (out / "rung1-batched_decode-again-rung2-paged_kv-r0" / "quality_outputs.jsonl").exists()
+
+
+def test_an_interleaved_rung_beside_a_control_from_another_machine_scores_the_control_s_answers_here(
+        interleaved_ladder):
+    """The control's own answers stand for the run beside a rung only where they were computed in the rung's
+    environment: a control read back from another machine is run beside the rung with its quality prompts."""
+    tmp, uri, first, _ = interleaved_ladder
+    cut = first / "rung1-batched_decode-r0" / "summary.json"
+    snap = first / "rung0-baseline-r0" / "config_snapshot.json"
+    kept = snap.read_text()
+    earlier = json.loads(kept)
+    earlier["environment"]["host"] = "another-machine"
+    cut.rename(tmp / "summary1.json")
+    snap.write_text(json.dumps(earlier))
+    try:
+        out = tmp / "resumed-elsewhere"
+        p = run_py([*interleaved_args(out, uri), f"ladder.resume_from={first}"])
+    finally:
+        (tmp / "summary1.json").rename(cut)
+        snap.write_text(kept)
+    assert p.returncode == 0, p.stderr[-3000:]
+    rows = json.loads((out / "ladder.json").read_text())["rungs"]
+    beside = out / "rung0-baseline-again-rung1-batched_decode-r0"
+    assert (beside / "quality_outputs.jsonl").is_file()  # scored here
+    assert rows[1]["verdict"]["control"] == beside.name[:-len("-r0")] and "environment" not in gates_of(rows[1])
+    assert rows[1]["metrics"]["quality/exact_match_vs_control"] == 1.0
+    # an A/A pair across two machines is not one (rung 1), nor one of a run made here and a run read back (rung 2,
+    # read back with its run beside it, against rung 1 made here): no pair pooled
+    assert "run_noise_pooled" not in rows[1] and "run_noise_pooled" not in rows[2]
+    assert rows[2]["run_id"] == json.loads((first / "ladder.json").read_text())["rungs"][2]["run_id"]
 
 
 def test_pooled_run_noise_counts_each_a_a_pair_as_one_degree_of_freedom_beside_the_prior():

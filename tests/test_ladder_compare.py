@@ -383,7 +383,9 @@ def test_noise_within_measures_the_noise_on_the_a_a_pairs_inside_the_ladders(cap
     rungs = [{**r, "metrics": dict(r["metrics"])} for r in a["rungs"][:3]]
     rungs[1] = {**rungs[1], "accepted_rung": 0}  # rung 1 not kept: rung 2's control is the baseline
     rungs[0]["metrics"]["perf/ttft_ms_p50"] = rungs[2]["control_beside"]["metrics"]["perf/ttft_ms_p50"] / 2
-    assert noise_beside(rungs)["perf/ttft_ms_p50"][0] >= math.log(2) / math.sqrt(2) - 1e-9
+    d1 = math.log(rungs[1]["control_beside"]["metrics"]["perf/ttft_ms_p50"] / rungs[0]["metrics"]["perf/ttft_ms_p50"])
+    assert noise_beside(rungs)["perf/ttft_ms_p50"] == pytest.approx(
+        (math.sqrt((d1 ** 2 + math.log(2) ** 2) / 2), 2, (d1 + math.log(2)) / 2))
 
 
 def test_noise_within_needs_interleaved_ladders_and_no_other_noise(capsys):
