@@ -59,7 +59,7 @@ def run_ladder(cfg: DictConfig, run_dir: Path, overrides: list[str], choices: di
         beside: dict[str, Arm] = {}  # ladder.interleave: a rung's name -> its control run beside it
         aa: dict[str, list[float]] = {}  # gate.run_noise's metrics -> the A/A pairs' log ratios so far
         pooled: dict[str, dict] = {}  # a rung's name -> the run noise its latency gates used (ladder.pool_noise)
-        paired: set[str | None] = set()  # the control runs an A/A pair was taken from
+        paired: set[str] = set()  # the control runs (their directories) an A/A pair was taken from
         failed: set[str] = set()  # rungs whose run again failed here: not tried twice
 
         def run_rung(name: str, opts: list[str], prev: Arm | None = None) -> Arm:
@@ -74,10 +74,14 @@ def run_ladder(cfg: DictConfig, run_dir: Path, overrides: list[str], choices: di
             earlier = src and find_rung(src, name, ladder.repeats, arm.resolved, digests)
             if earlier and ctl is not None:  # the rung stands only with the control run beside it
                 ctl_runs = find_rung(src, ctl.name, ladder.repeats, prev.resolved, digests)
-                if ctl_runs:
+                # a run beside that scored no answers stands on the control's own, which must then come from its
+                # environment (not a control made again here on another machine or code)
+                if ctl_runs and (ctl_runs[0].outputs or not across_runs(
+                        prev.environments[:1], [ctl_runs[0].snapshot.get("environment") or {}])):
                     ctl.runs = take_rung(ctl_runs, src, ctl.name, run_dir)
                 else:
-                    log.info("resume: %s runs again: its control beside it (%s) did not finish", name, ctl.name)
+                    log.info("resume: %s runs again: its control beside it (%s) %s", name, ctl.name,
+                             "ran elsewhere than its control here" if ctl_runs else "did not finish")
                     earlier = None
             if earlier:
                 arm.runs = take_rung(earlier, src, name, run_dir)
@@ -89,7 +93,8 @@ def run_ladder(cfg: DictConfig, run_dir: Path, overrides: list[str], choices: di
                     run_arms([ctl, arm], ladder.repeats, run_dir, parent.run_id)
                 except Exception as e:
                     order = [x for r in range(ladder.repeats) for x in ((ctl, arm) if r % 2 == 0 else (arm, ctl))]
-                    if order[len(ctl.runs) + len(arm.runs)] is ctl:  # the run that raised: the control's
+                    i = len(ctl.runs) + len(arm.runs)  # the run that raised; its type kept where it ends the ladder
+                    if i < len(order) and order[i] is ctl and not ladder.stop_on_error:
                         raise RuntimeError(f"its control run beside it ({ctl.name}) raised: {type(e).__name__}: "
                                            f"{str(e).strip()}") from e
                     raise
@@ -134,12 +139,12 @@ def run_ladder(cfg: DictConfig, run_dir: Path, overrides: list[str], choices: di
                 # environment (not where one of them was read back from an earlier run and the other made here)
                 same_run = (prev.name in read_back) == (cand.name in read_back)
                 for own, run in zip(prev.runs, ctl.runs):
-                    if not same_run or own.run_id in paired or across_runs([own.snapshot.get("environment") or {}],
+                    if not same_run or str(own.run_dir) in paired or across_runs([own.snapshot.get("environment") or {}],
                                                            [run.snapshot.get("environment") or {}]):
                         continue  # a control's own run pairs once: two pairs sharing it are not independent
                     d = {metric: aa_log_ratio(metric, own.records, run.records) for metric in gate.run_noise}
                     if d and None not in d.values():
-                        paired.add(own.run_id)
+                        paired.add(str(own.run_dir))
                         for metric, x in d.items():
                             aa.setdefault(metric, []).append(x)
                 pooled_gate, pooled[cand.name] = pooled_run_noise(gate, aa)

@@ -400,20 +400,25 @@ def test_an_interleaved_rung_beside_a_control_from_another_machine_scores_the_co
     kept = snap.read_text()
     earlier = json.loads(kept)
     earlier["environment"]["host"] = "another-machine"
+    answers = first / "rung0-baseline-r0" / "quality_outputs.jsonl"
+    kept_answers = answers.read_text()
+    other = [{**json.loads(line), "output": "answered elsewhere"} for line in kept_answers.splitlines() if line.strip()]
     cut.rename(tmp / "summary1.json")
     snap.write_text(json.dumps(earlier))
+    answers.write_text("".join(json.dumps(r) + "\n" for r in other))  # that machine's answers were other ones
     try:
         out = tmp / "resumed-elsewhere"
         p = run_py([*interleaved_args(out, uri), f"ladder.resume_from={first}"])
     finally:
         (tmp / "summary1.json").rename(cut)
         snap.write_text(kept)
+        answers.write_text(kept_answers)
     assert p.returncode == 0, p.stderr[-3000:]
     rows = json.loads((out / "ladder.json").read_text())["rungs"]
     beside = out / "rung0-baseline-again-rung1-batched_decode-r0"
     assert (beside / "quality_outputs.jsonl").is_file()  # scored here
     assert rows[1]["verdict"]["control"] == beside.name[:-len("-r0")] and "environment" not in gates_of(rows[1])
-    assert rows[1]["metrics"]["quality/exact_match_vs_control"] == 1.0
+    assert rows[1]["metrics"]["quality/exact_match_vs_control"] == 1.0  # against the answers computed here
     # an A/A pair across two machines is not one (rung 1), nor one of a run made here and a run read back (rung 2,
     # read back with its run beside it, against rung 1 made here): no pair pooled
     assert "run_noise_pooled" not in rows[1] and "run_noise_pooled" not in rows[2]
@@ -437,3 +442,14 @@ def test_pooled_run_noise_counts_each_a_a_pair_as_one_degree_of_freedom_beside_t
     assert aa_log_ratio("perf/e2e_ms_p99", recs, slower) == pytest.approx(math.log(2))
     assert aa_log_ratio("perf/e2e_ms_p99", recs, slower[:1]) is None  # one request in both
     assert aa_log_ratio("perf/throughput_out_tok_s", recs, slower) is None  # not a paired latency
+
+
+def test_without_tracking_every_a_a_pair_still_counts(tmp_path):
+    """Runs without MLflow have no run id: the A/A pairs are told apart by their directories."""
+    out = tmp_path / "ladder"
+    args = [a for a in interleaved_args(out, "unused") if not a.startswith("tracking.")]
+    p = run_py([*args, "tracking=off"])
+    assert p.returncode == 0, p.stderr[-3000:]
+    rows = json.loads((out / "ladder.json").read_text())["rungs"]
+    assert rows[1]["run_id"] is None
+    assert [rows[i]["run_noise_pooled"]["perf/e2e_ms_p99"]["pairs"] for i in (1, 2)] == [1, 2]
