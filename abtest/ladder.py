@@ -10,6 +10,8 @@ from pathlib import Path
 
 import matplotlib
 
+from abtest.run_pairs import run_noise_from_aa
+
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
@@ -41,7 +43,7 @@ def noise_beside(rungs: list[dict]) -> dict[str, tuple[float, int, float]]:
             a, b = own.get(key), again.get(key)
             if isinstance(a, (int, float)) and isinstance(b, (int, float)) and a > 0 and b > 0:
                 logs[key].append(math.log(b / a))
-    return {key: (math.sqrt(sum(v * v for v in x) / len(x)), len(x), sum(x) / len(x)) for key, x in logs.items() if x}
+    return {key: (*run_noise_from_aa(x), sum(x) / len(x)) for key, x in logs.items() if x}
 
 
 def _fmt(v) -> str:

@@ -17,7 +17,7 @@ import numpy as np
 
 from abtest.environment import across_runs, describe
 from abtest.gates import PAIRED_LATENCY, GateConfig, higher_is_better
-from abtest.run_pairs import align_runs, pair_interval
+from abtest.run_pairs import _stat, align_runs, pair_interval, run_noise_from_aa
 from abtest.stats import Interval, bootstrap_mean_delta
 from abtest.teacher_forced import teacher_forced_checks
 from quality.teacher_forced import TeacherForcedScores
@@ -173,8 +173,7 @@ def aa_log_ratio(metric: str, first: list, again: list) -> float | None:
     values, _ = align_runs([first, again], kind)
     if values.shape[1] < 2:
         return None
-    q = _QUANTILES[stat]
-    a, b = (float(np.mean(v) if q is None else np.quantile(v, q)) for v in values)
+    a, b = (float(x) for x in _stat(values, _QUANTILES[stat]))
     return math.log(b / a) if a > 0 and b > 0 else None
 
 
@@ -183,16 +182,16 @@ def pooled_run_noise(cfg: GateConfig, log_ratios: dict[str, list[float]]) -> tup
     metric of gate.run_noise, SD = sqrt((weight x prior^2 + sum d^2) / (weight + pairs)), the prior counting
     run_noise_weight pairs as before and each A/A pair one degree of freedom (its true log ratio is 0); the weight
     becomes weight + pairs, the fewest of any metric of gate.run_noise (0 for one without pairs: one weight serves
-    every metric, and none may be given more degrees of freedom than it has). Returns the config to gate with and, per metric, what was
-    pooled."""
+    every metric, and none may be given more degrees of freedom than it has). Returns the config to gate with and,
+    per metric, what was pooled."""
     w = cfg.run_noise_weight
     noise, used = dict(cfg.run_noise), {}
     for metric, prior in cfg.run_noise.items():
         d = log_ratios.get(metric) or []
         if d:
             noise[metric] = math.sqrt((w * prior ** 2 + sum(x * x for x in d)) / (w + len(d)))
-            used[metric] = {"prior": prior, "prior_weight": w, "pairs": len(d),
-                            "aa_rms": math.sqrt(sum(x * x for x in d) / len(d)), "pooled": noise[metric]}
+            used[metric] = {"prior": prior, "prior_weight": w, "pairs": len(d), "aa_rms": run_noise_from_aa(d)[0],
+                            "pooled": noise[metric]}
     if not used:
         return cfg, {}
     pairs = min(used[m]["pairs"] if m in used else 0 for m in cfg.run_noise)  # the df no metric overstates

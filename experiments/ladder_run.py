@@ -38,8 +38,7 @@ def run_ladder(cfg: DictConfig, run_dir: Path, overrides: list[str], choices: di
     each rung is judged against the runs of its control made in its own environment where there are any;
     ladder.interleave: each rung runs beside a run of its control made just before it and is gated against
     that (a read-back rung is taken only with its run beside it), with gate.run_noise pooled with the A/A pairs
-    so far (ladder.pool_noise); ladder.stop_on_error: whether a rung that
-    raises ends the ladder."""
+    so far (ladder.pool_noise); ladder.stop_on_error: whether a rung that raises ends the ladder."""
     with as_user_error():
         ladder = OmegaConf.to_object(cfg.ladder)
         gate = gate_config(cfg)
@@ -139,8 +138,8 @@ def run_ladder(cfg: DictConfig, run_dir: Path, overrides: list[str], choices: di
                 # environment (not where one of them was read back from an earlier run and the other made here)
                 same_run = (prev.name in read_back) == (cand.name in read_back)
                 for own, run in zip(prev.runs, ctl.runs):
-                    if not same_run or str(own.run_dir) in paired or across_runs([own.snapshot.get("environment") or {}],
-                                                           [run.snapshot.get("environment") or {}]):
+                    envs = ([own.snapshot.get("environment") or {}], [run.snapshot.get("environment") or {}])
+                    if not same_run or str(own.run_dir) in paired or across_runs(*envs):
                         continue  # a control's own run pairs once: two pairs sharing it are not independent
                     d = {metric: aa_log_ratio(metric, own.records, run.records) for metric in gate.run_noise}
                     if d and None not in d.values():
