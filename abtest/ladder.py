@@ -54,6 +54,24 @@ def _change(a, b) -> str:
     return "-" if a in (None, 0) or b is None else f"{(b - a) / a:+.1%}"
 
 
+LOADED = 0.8
+
+
+def load(metrics: dict) -> float | None:
+    """The rung's load, estimated: the output tokens per second the trace offered (its requests' output tokens over
+    its arrival span; every request answered, so out tok/s served x makespan / span) times the time a decode-only
+    step took per decode row (stage/decode_ms_mean over perf/step_decode_tokens_mean). About 1 means the engine
+    needed all of the trace's time for its decode rows. It assumes a row costs the same at any batch, as in a
+    per-row-bound eager step; a step with a large fixed cost (graph replay at a few rows) reads high. None without
+    the figures (a closed-loop workload has no arrival span; an engine without stage timers)."""
+    span, makespan = metrics.get("traffic/duration_s"), metrics.get("perf/makespan_s")
+    served = metrics.get("perf/throughput_out_tok_s")
+    step_ms, rows = metrics.get("stage/decode_ms_mean"), metrics.get("perf/step_decode_tokens_mean")
+    if not all(isinstance(v, (int, float)) and v > 0 for v in (span, makespan, served, step_ms, rows)):
+        return None
+    return served * makespan / span * step_ms / rows / 1000
+
+
 def ladder_table(rungs: list[dict]) -> str:
     base, final = rungs[0], rungs[rungs[-1]["accepted_rung"]]
     head = f"| metric | baseline | all on ({'+'.join(final['opts']) or 'none'}) | change |"
@@ -96,6 +114,15 @@ def ladder_table(rungs: list[dict]) -> str:
                              + "; ".join(f"{m} prior {u['prior']:.3f} x {u['prior_weight']:g} with {u['pairs']} "
                                          f"pair(s) (RMS {u['aa_rms']:.3f}) -> {u['pooled']:.3f}"
                                          for m, u in last.items()))
+    loads = [(r, load(r["metrics"])) for r in rungs]
+    if any(x is not None and x >= LOADED for _, x in loads):
+        lines += ["", "Load (estimated: the trace's offered output tokens per second times the time a decode step "
+                  "took per row, over 1000; about 1 needs all of the trace's time): " + ", ".join(
+                      f"rung {r['rung']} {x:.2f}" for r, x in loads if x is not None) + f". At {LOADED:g} or more a "
+                  "rung ran at or near its capacity: its latency follows the path its queue took and this machine's "
+                  "speed (a host that launches an eager step faster puts the same rung under capacity, and a rung "
+                  "that ends a queue gains more on a slower one), so its verdicts can differ on another machine. "
+                  "A larger workload.time_scale lowers the load (README: \"Does it reproduce?\")."]
     elsewhere = [f"- rung {r['rung']} (+{r['opt']}): {'; '.join(r['environment_vs_baseline'][:4])}"
                  for r in rungs if r.get("environment_vs_baseline")]
     if elsewhere:

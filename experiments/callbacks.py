@@ -139,10 +139,18 @@ def _job_status(out: Path | None) -> str:
         return "unknown"
     if (out / SKIPPED_FILE).is_file():
         return "skipped: " + json.loads((out / SKIPPED_FILE).read_text())["skipped"]
-    if (out / "summary.json").is_file() or (out / "verdict.json").is_file() or (out / "ladder.json").is_file():
+    if (out / "summary.json").is_file() or (out / "verdict.json").is_file() or _ladder_ended(out / "ladder.json"):
         return "ran"
     err = out / "error.txt"
     return "failed: " + (err.read_text().strip().splitlines() or [""])[-1][:200] if err.is_file() else "failed"
+
+
+def _ladder_ended(path: Path) -> bool:
+    """A ladder.json of a ladder that ended (one is written after every rung, `complete: false` until the end)."""
+    try:
+        return path.is_file() and json.loads(path.read_text()).get("complete", True) is not False
+    except (OSError, ValueError, AttributeError):
+        return False
 
 
 def _job_name(out: Path | None) -> str | None:

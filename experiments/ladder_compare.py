@@ -56,6 +56,10 @@ pair (abtest/ladder.py's noise_beside); a timed figure's SD of one pair's log ra
 pairs (12 for a ladder of seven rungs), and a change of B against A's differs with sqrt(2) times that (Student's t
 with as many df as pairs; never below sqrt(2) x --noise-sd).
 
+A ladder cut short (a deadline, a crash, a lost machine) leaves ladder.json with `complete: false` and the rungs it
+reached: the two are compared on the rungs both reached, and the rungs not reached count as not reproduced, unless
+--partial (then the comparison judges those rungs only, and says so).
+
 Exit status: 0 reproduced, 1 not (each reason printed), 2 the input cannot be compared (missing files, other rungs).
 """
 from __future__ import annotations
@@ -66,7 +70,7 @@ import math
 import sys
 from pathlib import Path
 
-from abtest.ladder import ROWS, _fmt, noise_beside
+from abtest.ladder import LOADED, ROWS, _fmt, load, noise_beside
 from experiments.diff import diff_dicts
 from experiments.snapshot import SNAPSHOT_FILE
 
@@ -113,22 +117,6 @@ def within(a: float | None, b: float | None, band: float) -> bool | None:
 
 # A rung whose estimated load is near 1 ran at or near its capacity, where latency follows the path the queue happened
 # to take as much as the switch; two runs of such a rung can differ by more than gate.run_noise
-LOADED = 0.8
-
-
-def load(metrics: dict) -> float | None:
-    """The rung's load, estimated: the output tokens per second the trace offered (its requests' output tokens over
-    its arrival span; every request answered, so out tok/s served x makespan / span) times the time a decode-only
-    step took per decode row (stage/decode_ms_mean over perf/step_decode_tokens_mean). About 1 means the engine
-    needed all of the trace's time for its decode rows. It assumes a row costs the same at any batch, as in a
-    per-row-bound eager step; a step with a large fixed cost (graph replay at a few rows) reads high. None without
-    the figures (a closed-loop workload has no arrival span; an engine without stage timers)."""
-    span, makespan = metrics.get("traffic/duration_s"), metrics.get("perf/makespan_s")
-    served = metrics.get("perf/throughput_out_tok_s")
-    step_ms, rows = metrics.get("stage/decode_ms_mean"), metrics.get("perf/step_decode_tokens_mean")
-    if not all(isinstance(v, (int, float)) and v > 0 for v in (span, makespan, served, step_ms, rows)):
-        return None
-    return served * makespan / span * step_ms / rows / 1000
 
 
 def _interval(gate: dict) -> tuple[float, float] | None:
@@ -318,20 +306,36 @@ def compare(a: tuple[dict, Path | None], b: tuple[dict, Path | None], noise_sd: 
             k: float = 2.0, ignore: tuple[str, ...] = (), verdicts: str = "strict",
             noise: dict[str, tuple[float, int, float]] | None = None, k_max: float = 4.0,
             per_metric: bool = False, figures: str = "auto",
-            noise_how: str = "--noise-from; RMS of ln(D / C) over n rungs") -> tuple[bool, list[str]]:
+            noise_how: str = "--noise-from; RMS of ln(D / C) over n rungs",
+            partial: bool = False) -> tuple[bool, list[str]]:
     """(reproduced, the report's lines). ignore: settings (keys or prefixes) whose difference does not count,
     e.g. a default that changed between the runs for a switch neither ran. verdicts: strict, every verdict that
     differs counts; consistent, only contradictions and disagreements do (see the module's doc). noise: a metric's
     measured SD of the log ratio (measured_noise), in place of noise_sd for that metric, never below it. k_max: a
     metric as improbable as k_max SDs of a normal counts whatever the others do; per_metric: every metric outside k
     SDs counts, not only more than chance leaves outside. figures: auto, changes or absolute (the module's doc;
-    auto: changes where both ladders ran interleaved); with changes, noise must be measured on changes too."""
+    auto: changes where both ladders ran interleaved); with changes, noise must be measured on changes too.
+    A ladder cut short (ladder.json complete: false) is compared on the rungs both reached; the rest not compared
+    counts as not reproduced unless partial."""
     if verdicts not in VERDICT_MODES:
         raise CompareError(f"verdicts={verdicts!r}: one of {', '.join(VERDICT_MODES)}")
     if figures not in FIGURES:
         raise CompareError(f"figures={figures!r}: one of {', '.join(FIGURES)}")
     (la, da), (lb, db) = a, b
     ra, rb = la["rungs"], lb["rungs"]
+    cut_note: str | None = None
+    left: list[str] = []  # the planned rungs a ladder cut short did not reach
+    cut = [name for name, x in (("A", la), ("B", lb)) if x.get("complete") is False]
+    if cut:  # a ladder cut short (ladder.json is written after every rung): the rungs both reached
+        plan_a, plan_b = (x.get("planned") or [r["opt"] for r in x["rungs"][1:]] for x in (la, lb))
+        if plan_a != plan_b:
+            raise CompareError(f"the ladders planned other rungs: A {plan_a}, B {plan_b}")
+        n = min(len(ra), len(rb))
+        ra, rb = ra[:n], rb[:n]
+        left = plan_a[n - 1:]
+        cut_note = (f"{' and '.join(cut)} cut short (ladder.json complete: false): rungs 0-{n - 1} compared, "
+                    f"{len(left)} not ({', '.join(left)})" if left else
+                    f"{' and '.join(cut)} not marked complete, all {n - 1} planned rungs there: compared")
     opts_a, opts_b = [r["opt"] for r in ra], [r["opt"] for r in rb]
     if opts_a != opts_b:
         raise CompareError(f"the ladders have other rungs: A {opts_a}, B {opts_b}")
@@ -356,6 +360,10 @@ def compare(a: tuple[dict, Path | None], b: tuple[dict, Path | None], noise_sd: 
     chances: list[float] = []  # each metric that moved by MOVED or more: its chance of landing outside k SDs
     reasons: list[str] = []
     out: list[str] = []
+    if cut_note:
+        out.append(cut_note + ("" if partial else " (counts as not reproduced: --partial judges the rungs compared)"))
+        if left and not partial:
+            reasons.append(f"{' and '.join(cut)} cut short: {', '.join(left)} not compared")
 
     sa, sb = _snapshot(da, ra[0]), _snapshot(db, rb[0])
     found = _differences(sa, sb, ignore)
@@ -517,6 +525,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--noise-within", action="store_true",
                    help="interleaved ladders: measure each timed figure's noise on the A/A pairs inside A and B (each "
                         "control's run beside a rung against its own run), in place of --noise-sd but never below it")
+    p.add_argument("--partial", action="store_true",
+                   help="a ladder cut short (ladder.json complete: false): judge the rungs both reached (default: "
+                        "they are compared, and the rungs not reached count as not reproduced)")
     p.add_argument("--ignore", action="append", default=[], metavar="KEY",
                    help="a setting (or a prefix: engine.piecewise) whose difference does not count; repeatable")
     args = p.parse_args(argv)
@@ -580,7 +591,7 @@ def main(argv: list[str] | None = None) -> int:
                     [f"{key}: {vc} -> {va}" for key, vc, va in found[0][:8]]
                     + [f"{dg} differs" for dg in found[2]]) + (", ..." if len(found[0]) > 8 else ""))
         reproduced, lines = compare(a_ladder, b_ladder, args.noise_sd, args.k, tuple(args.ignore), args.verdicts,
-                                     noise, args.k_max, args.per_metric, args.figures, how)
+                                     noise, args.k_max, args.per_metric, args.figures, how, args.partial)
     except CompareError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -29,6 +29,7 @@ from traffic.request import requests_digest
 log = logging.getLogger(__name__)
 RunRung = Callable[[str, list[str], "Arm | None"], Arm]  # (arm name, opts on, its control) -> the arm, runs done
 Judge = Callable[[Arm, Arm], tuple[Verdict, ArmResult]]  # (last accepted, candidate) -> verdict, candidate
+OnRow = Callable[[list[dict], list[str]], None]  # (ladder.json's rows so far, the opts accepted so far)
 
 
 def run_ladder(cfg: DictConfig, run_dir: Path, overrides: list[str], choices: dict) -> int:
@@ -178,19 +179,31 @@ def run_ladder(cfg: DictConfig, run_dir: Path, overrides: list[str], choices: di
                         return Arm(name, prev.overrides, prev.cfg, runs, prev.prepared)
             return None
 
-        rungs, accepted = climb(ladder.rungs, ladder.keep_inconclusive, run_rung, judge, ladder.stop_on_error)
-        for row in rungs:  # what each rung's latency was gated against: its control's run beside it
-            name = f"rung{row['rung']}-{row['opt']}"
-            ctl = beside.get(name)
-            if ctl is not None and ctl.runs:
-                row["control_beside"] = {"name": ctl.name, "run_ids": [r.run_id for r in ctl.runs],
-                                         "metrics": ctl.runs[0].metrics}
-            if pooled.get(name):  # gate.run_noise as its latency gates used it
-                row["run_noise_pooled"] = pooled[name]
-        table = ladder_table(rungs)
-        (run_dir / "ladder.json").write_text(json.dumps({"ladder": ladder.name, "rungs": rungs,
-                                                         "accepted": accepted}, indent=2, default=str))
-        (run_dir / "ladder.md").write_text(table + "\n")
+        def write(rungs: list[dict], accepted: list[str], complete: bool) -> str:
+            """ladder.json and ladder.md as they stand: after every rung (complete false: a ladder cut by a
+            deadline, a crash or a lost machine keeps the verdicts it reached), and once more at the end."""
+            for row in rungs:  # what each rung's latency was gated against: its control's run beside it
+                name = f"rung{row['rung']}-{row['opt']}" if row["rung"] else "rung0-baseline"
+                ctl = beside.get(name)
+                if ctl is not None and ctl.runs:
+                    row["control_beside"] = {"name": ctl.name, "run_ids": [r.run_id for r in ctl.runs],
+                                             "metrics": ctl.runs[0].metrics}
+                if pooled.get(name):  # gate.run_noise as its latency gates used it
+                    row["run_noise_pooled"] = pooled[name]
+            table = ladder_table(rungs)
+            if not complete:
+                table = (f"**Cut short so far: {len(rungs) - 1} of {len(ladder.rungs)} rungs done** (ladder.json "
+                         f"`complete: false`: written after each rung; the ladder had not ended then)\n\n"
+                         + table)
+            (run_dir / "ladder.json").write_text(json.dumps({"ladder": ladder.name, "rungs": rungs,
+                                                             "accepted": accepted, "complete": complete,
+                                                             "planned": list(ladder.rungs)}, indent=2, default=str))
+            (run_dir / "ladder.md").write_text(table + "\n")
+            return table
+
+        rungs, accepted = climb(ladder.rungs, ladder.keep_inconclusive, run_rung, judge, ladder.stop_on_error,
+                                on_row=lambda rows, acc: write(rows, acc, False))
+        table = write(rungs, accepted, True)
         ladder_chart(rungs, run_dir / "ladder.png")
         write_load_curves({f"rung {i}: {'+'.join(r.opts) or 'baseline'}": r.load_levels
                            for i, r in enumerate(first_runs) if r.load_levels}, run_dir)
@@ -218,15 +231,18 @@ def with_answers(beside: Arm, control: Arm) -> Arm:
 
 
 def climb(opts: list[str], keep_inconclusive: bool, run_rung: RunRung, judge: Judge,
-          stop_on_error: bool = False) -> tuple[list[dict], list[str]]:
+          stop_on_error: bool = False, on_row: OnRow | None = None) -> tuple[list[dict], list[str]]:
     """The baseline, then one rung per opt: the accepted opts plus this one, judged against the last
     accepted rung. Returns one row per rung (ladder.json's) and the opts accepted at the end. A rung whose
     run raises (a CUDA out-of-memory, a crash) is left out with status `error` and its reason, and the
-    ladder goes on, unless stop_on_error; the baseline's error always ends it (nothing to judge against)."""
+    ladder goes on, unless stop_on_error; the baseline's error always ends it (nothing to judge against).
+    on_row(rows so far, accepted so far): called after every row (the baseline's too), e.g. to write them."""
+    on_row = on_row or (lambda rows, acc: None)
     prev = base = run_rung("rung0-baseline", [], None)
     rungs = [{"rung": 0, "opt": None, "opts": [], "status": "baseline", "accepted_rung": 0,
               "metrics": prev.runs[0].metrics, "run_id": prev.runs[0].run_id}]
     accepted: list[str] = []
+    on_row(rungs, [])
     accepted_rung = 0
     for i, opt in enumerate(opts, 1):
         on = rung_opts(accepted, opt)
@@ -241,6 +257,7 @@ def climb(opts: list[str], keep_inconclusive: bool, run_rung: RunRung, judge: Ju
             print(f"rung {i} (+{opt}) vs rung {accepted_rung}: ERROR, left out: {reason}")
             rungs.append({"rung": i, "opt": opt, "opts": on, "status": "error", "kept": False,
                           "accepted_rung": accepted_rung, "metrics": {}, "run_id": None, "reason": reason})
+            on_row(rungs, list(accepted))
             continue
         verdict, cres = judge(prev, cand)
         print(f"rung {i} (+{opt}) vs rung {accepted_rung}:\n{verdict_table(verdict)}")
@@ -252,4 +269,5 @@ def climb(opts: list[str], keep_inconclusive: bool, run_rung: RunRung, judge: Ju
                       "run_id": cand.runs[0].run_id, "verdict": verdict.to_dict(),
                       # against the baseline, whose numbers the headline compares this rung's with
                       "environment_vs_baseline": differences(base.environments[0], cand.environments[0])})
+        on_row(rungs, list(accepted))
     return rungs, accepted

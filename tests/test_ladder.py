@@ -453,3 +453,59 @@ def test_without_tracking_every_a_a_pair_still_counts(tmp_path):
     rows = json.loads((out / "ladder.json").read_text())["rungs"]
     assert rows[1]["run_id"] is None
     assert [rows[i]["run_noise_pooled"]["perf/e2e_ms_p99"]["pairs"] for i in (1, 2)] == [1, 2]
+
+
+def test_a_ladder_cut_short_keeps_the_rungs_it_reached(tmp_path):
+    """ladder.json is written after every rung: a ladder ended by SIGTERM (a device call's deadline, a lost
+    machine) leaves the verdicts so far, marked incomplete; an ended ladder's is marked complete."""
+    import signal
+    import time
+
+    uri, out = f"sqlite:///{tmp_path / 'mlflow.db'}", tmp_path / "ladder"
+    env = {**os.environ, "OPTLADDER_CACHE": os.environ.get("OPTLADDER_CACHE", str(ROOT / ".cache"))}
+    p = subprocess.Popen([sys.executable, "run.py", *interleaved_args(out, uri)], cwd=ROOT, env=env,
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.time() + 600
+        while not (out / "ladder.json").is_file() and p.poll() is None and time.time() < deadline:
+            time.sleep(0.05)
+        assert p.poll() is None, "the ladder ended before its first rung's ladder.json was seen"
+        p.send_signal(signal.SIGTERM)  # within rung 1: its control's run beside it or the rung itself
+        said, _ = p.communicate(timeout=300)
+    finally:
+        p.kill()
+    assert p.returncode == 143, said[-3000:]
+    ladder = json.loads((out / "ladder.json").read_text())
+    assert ladder["complete"] is False and ladder["planned"] == ["batched_decode", "paged_kv"]
+    assert [r["opt"] for r in ladder["rungs"]] == [None]  # the baseline, judged as nothing, is what it reached
+    assert ladder["rungs"][0]["run_id"] == load_result(out / "rung0-baseline-r0").run_id
+    md = (out / "ladder.md").read_text()
+    assert md.startswith("**Cut short so far: 0 of 2 rungs done**") and "| baseline |" in md
+    assert not (out / "ladder.png").exists()  # the chart is drawn once, at the end
+
+
+def test_an_ended_ladder_is_marked_complete(interleaved_ladder):
+    _, _, out, _ = interleaved_ladder
+    ladder = json.loads((out / "ladder.json").read_text())
+    assert ladder["complete"] is True and ladder["planned"] == ["batched_decode", "paged_kv"]
+    assert len(ladder["rungs"]) == 3 and not (out / "ladder.md").read_text().startswith("**Cut short")
+
+
+def test_climb_hands_over_every_row_as_it_is_made():
+    """on_row sees the rows so far after each rung, the error row of a rung that raised too."""
+    seen: list[tuple[list, list]] = []
+
+    def run_rung(name, opts, prev=None):
+        if "paged_kv" in opts:
+            raise RuntimeError("CUDA out of memory (injected)")
+        cfg = OmegaConf.create({"engine": {o: o in opts for o in OPTS}})
+        return Arm(name, [], cfg, [stub_result(opts, {})])
+
+    def judge(prev, cand):
+        return gate_pair(prev, cand, GateConfig(n_boot=300, run_noise={"perf/e2e_ms_p99": 0.02}))[:2]
+
+    rows, accepted = climb(["batched_decode", "paged_kv"], True, run_rung, judge,
+                           on_row=lambda r, a: seen.append(([x["opt"] for x in r], list(a))))
+    assert [s[0] for s in seen] == [[None], [None, "batched_decode"], [None, "batched_decode", "paged_kv"]]
+    assert rows[2]["status"] == "error" and "out of memory" in rows[2]["reason"]
+    assert seen[-1][1] == accepted

@@ -396,3 +396,52 @@ def test_noise_within_needs_interleaved_ladders_and_no_other_noise(capsys):
                          str(PAIR / "b")], "give one way to measure the noise")):
         assert main([*extra, "--noise-within"]) == 2
         assert why in capsys.readouterr().err
+
+
+POOLED = RESULTS / "smollm2_ts2_24_interleaved_pooled"  # 2026-12-03, at e08e33a: the gates pooled the A/A pairs
+
+
+def _cut(tmp_path: Path, src: Path, rungs: int, name: str = "cut") -> Path:
+    """src's ladder as if cut short after `rungs` rows (ladder.json written after every rung, complete false)."""
+    dst = tmp_path / name
+    (dst / "rung0-baseline-r0").mkdir(parents=True)
+    shutil.copy(src / "rung0-baseline-r0" / SNAPSHOT_FILE, dst / "rung0-baseline-r0")
+    ladder = json.loads((src / "ladder.json").read_text())
+    planned = [r["opt"] for r in ladder["rungs"][1:]]
+    ladder.update(rungs=ladder["rungs"][:rungs], complete=False, planned=planned)
+    (dst / "ladder.json").write_text(json.dumps(ladder))
+    return dst
+
+
+def test_a_ladder_cut_short_is_compared_on_the_rungs_both_reached(tmp_path, capsys):
+    """A cut ladder against the whole one: its rungs are compared, the rest is named and counts, unless --partial;
+    the session-17 ladder against this session's cut to four rows: the pooled gates passed paged_kv in one only."""
+    cut = _cut(tmp_path, POOLED / "a", 4)
+    assert main([str(POOLED / "a"), str(cut), "--noise-within"]) == 1
+    out = capsys.readouterr().out
+    assert "B cut short (ladder.json complete: false): rungs 0-3 compared, 3 not (chunked_prefill, batched_decode, " \
+           "cuda_graphs)" in out
+    assert "verdicts: 4/4 the same" in out and "- B cut short: chunked_prefill, batched_decode, cuda_graphs not " \
+                                               "compared" in out
+    assert main([str(POOLED / "a"), str(cut), "--noise-within", "--partial"]) == 0
+    out = capsys.readouterr().out
+    assert "\nreproduced" in out and "--partial judges" not in out and "rungs 0-3 compared" in out
+    assert main([str(INTERLEAVED / "a"), str(cut), "--noise-within", "--partial"]) == 1
+    assert "rung 1 (paged_kv): verdict inconclusive in A, pass in B" in capsys.readouterr().out
+    # a ladder cut short that planned other rungs is not the same ladder
+    other = _cut(tmp_path, POOLED / "a", 3, "other")
+    _edit_ladder(other, lambda x: x.update(planned=["paged_kv", "flash_attn"]))
+    assert main([str(POOLED / "a"), str(other)]) == 2
+    assert "the ladders planned other rungs" in capsys.readouterr().err
+
+
+def test_the_pooled_ladder_says_its_static_rungs_ran_at_capacity():
+    """ladder.md names each rung's load where one ran at 0.8 or more: the static batch at 0.92-1.08 here."""
+    from abtest.ladder import ladder_table
+
+    rows = json.loads((POOLED / "a" / "ladder.json").read_text())["rungs"]
+    md = ladder_table(rows)
+    assert "rung 0 1.08, rung 1 0.92, rung 2 0.99, rung 3 0.79" in md and "its verdicts can differ on another" in md
+    assert load(rows[6]["metrics"]) == pytest.approx(0.18, abs=0.005)
+    calm = [{**r, "metrics": {k: v for k, v in r["metrics"].items() if k != "stage/decode_ms_mean"}} for r in rows]
+    assert "Load (estimated" not in ladder_table(calm)  # without the step timers nothing is said

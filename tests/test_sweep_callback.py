@@ -57,3 +57,21 @@ def test_no_tracking_no_parent_run(tmp_path, monkeypatch):
     cb.on_multirun_end(cfg)
     assert cb.parent_run_id is None and PARENT_ENV not in os.environ
     assert not (tmp_path / "mlflow.db").exists()
+
+
+def test_a_sweep_job_s_ladder_counts_as_ran_only_once_it_ended(tmp_path):
+    """A ladder writes ladder.json after every rung (`complete: false` until the end): a job killed mid-ladder is
+    listed as failed, with its error, not as ran."""
+    import json
+
+    from experiments.callbacks import _job_status
+
+    out = tmp_path / "job"
+    out.mkdir()
+    (out / "error.txt").write_text("Terminated: signal 15\n")
+    (out / "ladder.json").write_text(json.dumps({"rungs": [{"rung": 0}], "complete": False}))
+    assert _job_status(out) == "failed: Terminated: signal 15"
+    (out / "ladder.json").write_text(json.dumps({"rungs": [{"rung": 0}], "complete": True}))
+    assert _job_status(out) == "ran"
+    (out / "ladder.json").write_text(json.dumps({"rungs": [{"rung": 0}]}))  # written before the field existed
+    assert _job_status(out) == "ran"
