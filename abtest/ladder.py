@@ -114,15 +114,17 @@ def ladder_table(rungs: list[dict]) -> str:
                              + "; ".join(f"{m} prior {u['prior']:.3f} x {u['prior_weight']:g} with {u['pairs']} "
                                          f"pair(s) (RMS {u['aa_rms']:.3f}) -> {u['pooled']:.3f}"
                                          for m, u in last.items()))
-    loads = [(r, load(r["metrics"])) for r in rungs]
+    loads = [(f"rung {r['rung']}", load(r["metrics"])) for r in rungs]
+    loads += [(f"its control beside rung {r['rung']}", load(r["control_beside"].get("metrics", {})))
+              for r in rungs if r.get("control_beside")]
     if any(x is not None and x >= LOADED for _, x in loads):
-        lines += ["", "Load (estimated: the trace's offered output tokens per second times the time a decode step "
-                  "took per row, over 1000; about 1 needs all of the trace's time): " + ", ".join(
-                      f"rung {r['rung']} {x:.2f}" for r, x in loads if x is not None) + f". At {LOADED:g} or more a "
-                  "rung ran at or near its capacity: its latency follows the path its queue took and this machine's "
-                  "speed (a host that launches an eager step faster puts the same rung under capacity, and a rung "
-                  "that ends a queue gains more on a slower one), so its verdicts can differ on another machine. "
-                  "A larger workload.time_scale lowers the load (README: \"Does it reproduce?\")."]
+        lines += ["", "Load, estimated (the trace's offered output tokens per second x the seconds a decode step took "
+                  "per row; 1 = the engine needed all of the trace's time for its decode rows): " + ", ".join(
+                      f"{name} {x:.2f}" for name, x in loads if x is not None) + f". A run at {LOADED:g} or more "
+                  "was at or near its capacity: its queue amplifies small differences in step time into large ones "
+                  "in latency, so two runs of it can differ by far more than gate.run_noise, and a rung judged "
+                  "against it can get another verdict in the next run. Where a step's cost follows its rows, a "
+                  "larger workload.time_scale lowers the load (README: \"Does it reproduce?\")."]
     elsewhere = [f"- rung {r['rung']} (+{r['opt']}): {'; '.join(r['environment_vs_baseline'][:4])}"
                  for r in rungs if r.get("environment_vs_baseline")]
     if elsewhere:

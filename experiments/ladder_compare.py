@@ -115,10 +115,6 @@ def within(a: float | None, b: float | None, band: float) -> bool | None:
     return abs(math.log(b / a)) <= band
 
 
-# A rung whose estimated load is near 1 ran at or near its capacity, where latency follows the path the queue happened
-# to take as much as the switch; two runs of such a rung can differ by more than gate.run_noise
-
-
 def _interval(gate: dict) -> tuple[float, float] | None:
     """(estimate, half-width) of a gate's interval (at the gate's level); in log ratio for a latency gate (its
     interval is a relative change). None when the gate has no interval."""
@@ -331,6 +327,9 @@ def compare(a: tuple[dict, Path | None], b: tuple[dict, Path | None], noise_sd: 
         if plan_a != plan_b:
             raise CompareError(f"the ladders planned other rungs: A {plan_a}, B {plan_b}")
         n = min(len(ra), len(rb))
+        if n < 2:
+            raise CompareError(f"{' and '.join(n_ for n_, x in (('A', la), ('B', lb)) if len(x['rungs']) < 2)} cut "
+                               "short before its first rung: nothing to compare but the baselines")
         ra, rb = ra[:n], rb[:n]
         left = plan_a[n - 1:]
         cut_note = (f"{' and '.join(cut)} cut short (ladder.json complete: false): rungs 0-{n - 1} compared, "
@@ -361,7 +360,8 @@ def compare(a: tuple[dict, Path | None], b: tuple[dict, Path | None], noise_sd: 
     reasons: list[str] = []
     out: list[str] = []
     if cut_note:
-        out.append(cut_note + ("" if partial else " (counts as not reproduced: --partial judges the rungs compared)"))
+        out.append(cut_note + (" (the rungs not compared count as not reproduced: --partial judges the rungs "
+                               "compared only)" if left and not partial else ""))
         if left and not partial:
             reasons.append(f"{' and '.join(cut)} cut short: {', '.join(left)} not compared")
 

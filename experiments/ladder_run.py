@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 from dataclasses import replace
 from pathlib import Path
 from typing import Callable
@@ -192,17 +193,27 @@ def run_ladder(cfg: DictConfig, run_dir: Path, overrides: list[str], choices: di
                     row["run_noise_pooled"] = pooled[name]
             table = ladder_table(rungs)
             if not complete:
-                table = (f"**Cut short so far: {len(rungs) - 1} of {len(ladder.rungs)} rungs done** (ladder.json "
-                         f"`complete: false`: written after each rung; the ladder had not ended then)\n\n"
+                table = (f"**Incomplete: {len(rungs) - 1} of {len(ladder.rungs)} rungs done** (ladder.json "
+                         f"`complete: false`: written after each rung, while the ladder ran or where it was cut "
+                         f"short)\n\n"
                          + table)
-            (run_dir / "ladder.json").write_text(json.dumps({"ladder": ladder.name, "rungs": rungs,
-                                                             "accepted": accepted, "complete": complete,
-                                                             "planned": list(ladder.rungs)}, indent=2, default=str))
-            (run_dir / "ladder.md").write_text(table + "\n")
+            # each file whole or not at all (a SIGTERM lands between any two instructions): ladder.md first, so a
+            # ladder.json that is there has its table beside it
+            replace_file(run_dir / "ladder.md", table + "\n")
+            replace_file(run_dir / "ladder.json", json.dumps({"ladder": ladder.name, "rungs": rungs,
+                                                              "accepted": accepted, "complete": complete,
+                                                              "planned": list(ladder.rungs)}, indent=2, default=str))
             return table
 
+        def write_so_far(rows: list[dict], acc: list[str]) -> None:
+            try:
+                write(rows, acc, False)
+            except Exception as e:  # noqa: BLE001 - a report that cannot be written must not end the ladder
+                log.warning("ladder.json / ladder.md after rung %d not written: %s: %s", rows[-1]["rung"],
+                            type(e).__name__, e)
+
         rungs, accepted = climb(ladder.rungs, ladder.keep_inconclusive, run_rung, judge, ladder.stop_on_error,
-                                on_row=lambda rows, acc: write(rows, acc, False))
+                                on_row=write_so_far)
         table = write(rungs, accepted, True)
         ladder_chart(rungs, run_dir / "ladder.png")
         write_load_curves({f"rung {i}: {'+'.join(r.opts) or 'baseline'}": r.load_levels
@@ -210,6 +221,13 @@ def run_ladder(cfg: DictConfig, run_dir: Path, overrides: list[str], choices: di
         print(table)
         print(f"ladder.json, ladder.md, ladder.png in {run_dir}")
         return 0
+
+
+def replace_file(path: Path, text: str) -> None:
+    """path's content becomes text in one step (a temporary file beside it, then os.replace)."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
 
 
 RERUN = "-here"  # a read-back rung run again on this machine as a later rung's control: <rung>-here-<later rung>-r0

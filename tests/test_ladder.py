@@ -408,7 +408,11 @@ def test_an_interleaved_rung_beside_a_control_from_another_machine_scores_the_co
     answers.write_text("".join(json.dumps(r) + "\n" for r in other))  # that machine's answers were other ones
     try:
         out = tmp / "resumed-elsewhere"
-        p = run_py([*interleaved_args(out, uri), f"ladder.resume_from={first}"])
+        # rung 1 runs again here and must stay kept (rung 2 is read back against it): on a shared 2-core machine a
+        # replay of 12 requests can come out 2x slower, so its latency gate here allows 11x (what is under
+        # test is whose answers and which runs count, not the latency)
+        p = run_py([*interleaved_args(out, uri), f"ladder.resume_from={first}",
+                    "gate.latency_max_regression={perf/e2e_ms_p99:10.0}"])
     finally:
         (tmp / "summary1.json").rename(cut)
         snap.write_text(kept)
@@ -463,32 +467,36 @@ def test_a_ladder_cut_short_keeps_the_rungs_it_reached(tmp_path):
 
     uri, out = f"sqlite:///{tmp_path / 'mlflow.db'}", tmp_path / "ladder"
     env = {**os.environ, "OPTLADDER_CACHE": os.environ.get("OPTLADDER_CACHE", str(ROOT / ".cache"))}
-    p = subprocess.Popen([sys.executable, "run.py", *interleaved_args(out, uri)], cwd=ROOT, env=env,
-                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    try:
-        deadline = time.time() + 600
-        while not (out / "ladder.json").is_file() and p.poll() is None and time.time() < deadline:
-            time.sleep(0.05)
-        assert p.poll() is None, "the ladder ended before its first rung's ladder.json was seen"
-        p.send_signal(signal.SIGTERM)  # within rung 1: its control's run beside it or the rung itself
-        said, _ = p.communicate(timeout=300)
-    finally:
-        p.kill()
+    log = tmp_path / "run.log"
+    with open(log, "w") as sink:
+        p = subprocess.Popen([sys.executable, "run.py", *interleaved_args(out, uri)], cwd=ROOT, env=env,
+                             stdout=sink, stderr=subprocess.STDOUT, text=True)
+        try:
+            deadline = time.time() + 600
+            while not (out / "ladder.json").is_file() and p.poll() is None and time.time() < deadline:
+                time.sleep(0.05)
+            assert p.poll() is None, "the ladder ended before its first rung's ladder.json was seen"
+            p.send_signal(signal.SIGTERM)  # within rung 1: its control's run beside it or the rung itself
+            p.wait(timeout=300)
+        finally:
+            p.kill()
+    said = log.read_text()
     assert p.returncode == 143, said[-3000:]
     ladder = json.loads((out / "ladder.json").read_text())
     assert ladder["complete"] is False and ladder["planned"] == ["batched_decode", "paged_kv"]
     assert [r["opt"] for r in ladder["rungs"]] == [None]  # the baseline, judged as nothing, is what it reached
     assert ladder["rungs"][0]["run_id"] == load_result(out / "rung0-baseline-r0").run_id
     md = (out / "ladder.md").read_text()
-    assert md.startswith("**Cut short so far: 0 of 2 rungs done**") and "| baseline |" in md
+    assert md.startswith("**Incomplete: 0 of 2 rungs done**") and "| baseline |" in md
     assert not (out / "ladder.png").exists()  # the chart is drawn once, at the end
+    assert not list(out.glob(".ladder.*.tmp"))  # each file replaced whole
 
 
 def test_an_ended_ladder_is_marked_complete(interleaved_ladder):
     _, _, out, _ = interleaved_ladder
     ladder = json.loads((out / "ladder.json").read_text())
     assert ladder["complete"] is True and ladder["planned"] == ["batched_decode", "paged_kv"]
-    assert len(ladder["rungs"]) == 3 and not (out / "ladder.md").read_text().startswith("**Cut short")
+    assert len(ladder["rungs"]) == 3 and not (out / "ladder.md").read_text().startswith("**Incomplete")
 
 
 def test_climb_hands_over_every_row_as_it_is_made():

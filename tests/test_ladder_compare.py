@@ -415,19 +415,33 @@ def _cut(tmp_path: Path, src: Path, rungs: int, name: str = "cut") -> Path:
 
 def test_a_ladder_cut_short_is_compared_on_the_rungs_both_reached(tmp_path, capsys):
     """A cut ladder against the whole one: its rungs are compared, the rest is named and counts, unless --partial;
-    the session-17 ladder against this session's cut to four rows: the pooled gates passed paged_kv in one only."""
+    the previous pair's ladder a against this one cut to four rows: the pooled gates passed paged_kv in one only."""
     cut = _cut(tmp_path, POOLED / "a", 4)
     assert main([str(POOLED / "a"), str(cut), "--noise-within"]) == 1
     out = capsys.readouterr().out
     assert "B cut short (ladder.json complete: false): rungs 0-3 compared, 3 not (chunked_prefill, batched_decode, " \
-           "cuda_graphs)" in out
+           "cuda_graphs) (the rungs not compared count as not reproduced" in out
     assert "verdicts: 4/4 the same" in out and "- B cut short: chunked_prefill, batched_decode, cuda_graphs not " \
                                                "compared" in out
     assert main([str(POOLED / "a"), str(cut), "--noise-within", "--partial"]) == 0
     out = capsys.readouterr().out
-    assert "\nreproduced" in out and "--partial judges" not in out and "rungs 0-3 compared" in out
+    assert "\nreproduced" in out and "count as not reproduced" not in out and "rungs 0-3 compared" in out
     assert main([str(INTERLEAVED / "a"), str(cut), "--noise-within", "--partial"]) == 1
     assert "rung 1 (paged_kv): verdict inconclusive in A, pass in B" in capsys.readouterr().out
+    # A the cut one, B cut shorter still: the rungs both reached
+    shorter = _cut(tmp_path, POOLED / "a", 3, "shorter")
+    assert main([str(cut), str(shorter)]) == 1
+    out = capsys.readouterr().out
+    assert "A and B cut short (ladder.json complete: false): rungs 0-2 compared, 4 not (dynamic_batching, " in out
+    # not marked complete, every planned rung there (a write before the last one): compared whole, no reason added
+    whole = _cut(tmp_path, POOLED / "a", 7, "whole")
+    assert main([str(POOLED / "a"), str(whole)]) == 0
+    out = capsys.readouterr().out
+    assert "B not marked complete, all 6 planned rungs there: compared" in out and "count as not" not in out
+    # cut before its first rung: nothing but the baselines
+    bare = _cut(tmp_path, POOLED / "a", 1, "bare")
+    assert main([str(POOLED / "a"), str(bare), "--partial"]) == 2
+    assert "B cut short before its first rung" in capsys.readouterr().err
     # a ladder cut short that planned other rungs is not the same ladder
     other = _cut(tmp_path, POOLED / "a", 3, "other")
     _edit_ladder(other, lambda x: x.update(planned=["paged_kv", "flash_attn"]))
@@ -436,12 +450,15 @@ def test_a_ladder_cut_short_is_compared_on_the_rungs_both_reached(tmp_path, caps
 
 
 def test_the_pooled_ladder_says_its_static_rungs_ran_at_capacity():
-    """ladder.md names each rung's load where one ran at 0.8 or more: the static batch at 0.92-1.08 here."""
+    """ladder.md names each run's load, the controls' beside the rungs too, where one ran at 0.8 or more: the
+    static batch at 0.92-1.09 here."""
     from abtest.ladder import ladder_table
 
     rows = json.loads((POOLED / "a" / "ladder.json").read_text())["rungs"]
     md = ladder_table(rows)
-    assert "rung 0 1.08, rung 1 0.92, rung 2 0.99, rung 3 0.79" in md and "its verdicts can differ on another" in md
+    assert "rung 0 1.08, rung 1 0.92, rung 2 0.99, rung 3 0.79" in md and "its control beside rung 2 1.09" in md
+    assert "can get another verdict in the next run" in md
     assert load(rows[6]["metrics"]) == pytest.approx(0.18, abs=0.005)
     calm = [{**r, "metrics": {k: v for k, v in r["metrics"].items() if k != "stage/decode_ms_mean"}} for r in rows]
-    assert "Load (estimated" not in ladder_table(calm)  # without the step timers nothing is said
+    calm = [{k: v for k, v in r.items() if k != "control_beside"} for r in calm]
+    assert "Load, estimated" not in ladder_table(calm)  # without the step timers nothing is said
