@@ -58,7 +58,8 @@ with as many df as pairs; never below sqrt(2) x --noise-sd).
 
 A ladder cut short (a deadline, a crash, a lost machine) leaves ladder.json with `complete: false` and the rungs it
 reached: the two are compared on the rungs both reached, and the rungs not reached count as not reproduced, unless
---partial (then the comparison judges those rungs only, and says so).
+--partial (then the comparison judges those rungs only, and says so). --noise-within still measures the noise on every
+A/A pair both ladders hold, those beside rungs not compared too (the same configs minutes apart: noise all the same).
 
 Exit status: 0 reproduced, 1 not (each reason printed), 2 the input cannot be compared (missing files, other rungs).
 """
