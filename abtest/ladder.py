@@ -27,15 +27,15 @@ BESIDE = (("TTFT p50 (ms)", "perf/ttft_ms_p50"), ("TPOT p50 (ms)", "perf/tpot_ms
           ("E2E p99 (ms)", "perf/e2e_ms_p99"), ("throughput (out tok/s)", "perf/throughput_out_tok_s"))
 
 
-def noise_beside(rungs: list[dict]) -> dict[str, tuple[float, int, float]]:
+def noise_beside(rungs: list[dict], keys: tuple[str, ...] | None = None) -> dict[str, tuple[float, int, float]]:
     """Run-to-run noise measured inside an interleaved ladder: each control run beside a rung is the same config
-    as that control's own run, minutes apart (an A/A pair). Timed figure (BESIDE's keys) -> (RMS of ln(run beside /
-    own run): the SD of the log ratio of two identical runs, pairs, mean log ratio), over the pairs with both
-    positive. The control of rung i is the rung accepted before it (the row before's accepted_rung). From ladder.json's
+    as that control's own run, minutes apart (an A/A pair). Figure (keys; default the timed ones, BESIDE's) -> (RMS
+    of ln(run beside / own run): the SD of the log ratio of two identical runs, pairs, mean log ratio), over the pairs
+    with both positive. The control of rung i is the rung accepted before it (the row before's accepted_rung). From ladder.json's
     rows, so whole-run figures and every pair; the gates' own pooling (ladder.pool_noise) pairs the requests ok in
     both runs and leaves out pairs across environments or read back against made here."""
     by_rung = {r["rung"]: r for r in rungs}
-    logs: dict[str, list[float]] = {key: [] for _, key in BESIDE}
+    logs: dict[str, list[float]] = {key: [] for key in (keys or [key for _, key in BESIDE])}
     for before, r in zip(rungs, rungs[1:]):
         own = by_rung.get(before.get("accepted_rung"), {}).get("metrics", {})
         again = (r.get("control_beside") or {}).get("metrics", {})

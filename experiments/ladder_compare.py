@@ -54,7 +54,9 @@ it is (the rule for ladders without interleave).
 rung is the same config as that control's own run, minutes apart, so every rung after the baseline gives an A/A
 pair (abtest/ladder.py's noise_beside); a timed figure's SD of one pair's log ratio is the RMS over both ladders'
 pairs (12 for a ladder of seven rungs), and a change of B against A's differs with sqrt(2) times that (Student's t
-with as many df as pairs; never below sqrt(2) x --noise-sd).
+with as many df as pairs; never below sqrt(2) x --noise-sd). The runs beside measure peak memory, KV reserved and KV
+utilization too, compared as they are: B's against A's differ with the pairs' RMS itself (never below --noise-sd).
+Quality is not measured beside (those runs score no answers): its band stays --noise-sd.
 
 A ladder cut short (a deadline, a crash, a lost machine) leaves ladder.json with `complete: false` and the rungs it
 reached: the two are compared on the rungs both reached, and the rungs not reached count as not reproduced, unless
@@ -197,6 +199,9 @@ MOVED = 0.01  # a metric that moved less than this (in log ratio) does not count
 FIGURES = ("auto", "changes", "absolute")
 # what a rung's control run beside it (ladder.interleave) measures as well: compared as changes against it
 TIMED = ("perf/ttft_ms_p50", "perf/tpot_ms_p50", "perf/e2e_ms_p99", "perf/throughput_out_tok_s")
+# what it measures that is compared as it is: how much KV a replay reserves follows which requests overlapped, so
+# identical runs differ (KV reserved moved 0.69-1.36x between identical runs on the H200 at time scale 4)
+AS_MEASURED = ("perf/peak_mem_gb", "perf/kv_reserved_gb", "perf/kv_util")
 
 
 def interleaved(ladder: dict) -> bool:
@@ -206,17 +211,22 @@ def interleaved(ladder: dict) -> bool:
 
 
 def noise_within(*ladders: dict) -> dict[str, tuple[float, int, float]]:
-    """--noise-within: a timed figure -> (SD of the difference of two ladders' changes: sqrt(2) x the RMS of the
-    A/A pairs' log ratios pooled over the ladders, pairs, their mean log ratio)."""
+    """--noise-within: a figure the runs beside the rungs measure -> (its SD between the ladders, pairs, their mean
+    log ratio), from the RMS of the A/A pairs' log ratios pooled over the ladders. A timed figure is compared as a
+    change (one pair's log ratio), so two ladders' changes differ with sqrt(2) x that RMS; memory and KV
+    (AS_MEASURED) are compared as they are, one run against one run, which differ with the RMS itself (an A/A pair
+    is one run against one run). A figure that was the same in every pair gets no entry: its band stays
+    --noise-sd."""
     logs: dict[str, list[tuple[float, int, float]]] = {}
     for ladder in ladders:
-        for key, got in noise_beside(ladder["rungs"]).items():
+        for key, got in noise_beside(ladder["rungs"], TIMED + AS_MEASURED).items():
             logs.setdefault(key, []).append(got)
     out = {}
     for key, parts in logs.items():
         n = sum(m for _, m, _ in parts)
         rms = math.sqrt(sum(sd * sd * m for sd, m, _ in parts) / n)
-        out[key] = (math.sqrt(2) * rms, n, sum(mean * m for _, m, mean in parts) / n)
+        if rms > 0:
+            out[key] = ((math.sqrt(2) if key in TIMED else 1.0) * rms, n, sum(mean * m for _, m, mean in parts) / n)
     return out
 
 
@@ -524,8 +534,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="changes: a rung's timed figures against its control run beside it (ladder.interleave); "
                         "absolute: as they are; auto (default): changes where both ladders ran interleaved")
     p.add_argument("--noise-within", action="store_true",
-                   help="interleaved ladders: measure each timed figure's noise on the A/A pairs inside A and B (each "
-                        "control's run beside a rung against its own run), in place of --noise-sd but never below it")
+                   help="interleaved ladders: measure the noise of each figure the runs beside the rungs measure "
+                        "(timed, memory, KV) on the A/A pairs inside A and B (each control's run beside a rung "
+                        "against its own run), in place of --noise-sd but never below it")
     p.add_argument("--partial", action="store_true",
                    help="a ladder cut short (ladder.json complete: false): judge the rungs both reached (default: "
                         "they are compared, and the rungs not reached count as not reproduced)")
@@ -553,8 +564,8 @@ def main(argv: list[str] | None = None) -> int:
                                       if not (interleaved(a_ladder[0]) and interleaved(b_ladder[0]))
                                       else "--figures absolute given"))
             noise = noise_within(a_ladder[0], b_ladder[0])
-            how = ("--noise-within; √2 × the RMS of ln(run beside a rung / its control's own run) over n A/A pairs "
-                   "of A and B, and the pairs' mean log ratio")
+            how = ("--noise-within; over n A/A pairs of A and B (ln(run beside a rung / its control's own run)), the "
+                   "RMS (× √2 for a change), and the pairs' mean log ratio")
         if args.noise_from:
             def where(x: str) -> Path:  # a run directory, given as itself or by its ladder.json
                 path = Path(x).resolve()

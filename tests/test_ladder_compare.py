@@ -462,3 +462,64 @@ def test_the_pooled_ladder_says_its_static_rungs_ran_at_capacity():
     calm = [{**r, "metrics": {k: v for k, v in r["metrics"].items() if k != "stage/decode_ms_mean"}} for r in rows]
     calm = [{k: v for k, v in r.items() if k != "control_beside"} for r in calm]
     assert "Load, estimated" not in ladder_table(calm)  # without the step timers nothing is said
+
+
+TS4 = RESULTS / "smollm2_ts4_24_interleaved_pooled"  # 2026-12-03: ladders A and B, one H200 each, the same code
+
+
+def test_the_time_scale_4_pair_fails_its_preregistered_strict_check_on_flash_attn_s_borderline_flip(capsys):
+    """The check fixed before B's data (--noise-within, strict verdicts): flash_attn inconclusive in A, pass in B,
+    a borderline flip (its E2E p99 gate's estimates within their intervals); every rung kept the same."""
+    assert main([str(TS4 / "a"), str(TS4 / "b"), "--noise-within"]) == 1
+    out = capsys.readouterr().out
+    assert "verdicts: 6/7 the same" in out and "rungs kept (the ladder's decisions): the same at 7/7" in out
+    reasons = out.split("not reproduced:\n", 1)[1]
+    assert reasons.startswith("- rung 2 (flash_attn): verdict inconclusive in A, pass in B (borderline)")
+    assert "the estimates differ by 0.368 in log ratio, within their intervals' combined half-width 0.568" in out
+
+
+def _kv_pairs(ladder: dict) -> list[float]:
+    """ln(KV reserved of the run beside a rung / its control's own run), rung by rung."""
+    rows = {r["rung"]: r for r in ladder["rungs"]}
+    return [math.log(r["control_beside"]["metrics"]["perf/kv_reserved_gb"]
+                     / rows[before["accepted_rung"]]["metrics"]["perf/kv_reserved_gb"])
+            for before, r in zip(ladder["rungs"], ladder["rungs"][1:])]
+
+
+def test_noise_within_measures_kv_reserved_on_the_a_a_pairs_and_compares_it_as_it_is(tmp_path, capsys):
+    """How much KV a replay reserves follows which requests overlapped: the same config reserved 0.69-1.36x as
+    much minutes apart (RMS 0.217 over the 12 pairs), where an assumed 0.10 made three KV figures count. A figure
+    compared as it is (one run against one) differs between the ladders with the pairs' RMS itself, a change with
+    sqrt(2) times it."""
+    from abtest.ladder import noise_beside
+    from experiments.ladder_compare import noise_within
+
+    a, b = (json.loads((TS4 / x / "ladder.json").read_text()) for x in ("a", "b"))
+    logs = _kv_pairs(a) + _kv_pairs(b)
+    rms = math.sqrt(sum(v * v for v in logs) / len(logs))
+    assert rms == pytest.approx(0.217, abs=5e-4)
+    both = noise_within(a, b)
+    assert both["perf/kv_reserved_gb"][:2] == (pytest.approx(rms), 12)
+    ttft = [noise_beside(x["rungs"])["perf/ttft_ms_p50"][0] for x in (a, b)]
+    assert both["perf/ttft_ms_p50"][0] == pytest.approx(math.sqrt(2) * math.sqrt((ttft[0] ** 2 + ttft[1] ** 2) / 2))
+    assert main([str(TS4 / "a"), str(TS4 / "b"), "--noise-within", "--verdicts", "consistent"]) == 0
+    out = capsys.readouterr().out
+    assert "KV reserved (GiB) 0.217 (n=12, mean -0.106)" in out and "\nreproduced" in out
+    assert "3 metric(s) outside 2 SDs" in out and "KV reserved (GiB) 0.4395" not in out
+    # the runs beside the rungs reserving what their controls did: nothing measured, the band the assumed 0.10,
+    # and the ladders' own KV moves count (six figures outside where chance leaves up to four)
+    calm = [_copy(tmp_path / x, TS4 / x) for x in ("a", "b")]
+
+    def same_kv(ladder: dict) -> None:
+        rows = {r["rung"]: r for r in ladder["rungs"]}
+        for before, r in zip(ladder["rungs"], ladder["rungs"][1:]):
+            r["control_beside"]["metrics"]["perf/kv_reserved_gb"] = \
+                rows[before["accepted_rung"]]["metrics"]["perf/kv_reserved_gb"]
+
+    for x in calm:
+        _edit_ladder(x, same_kv)
+    assert "perf/kv_reserved_gb" not in noise_within(*(json.loads((x / "ladder.json").read_text()) for x in calm))
+    assert main([*map(str, calm), "--noise-within", "--verdicts", "consistent"]) == 1
+    out = capsys.readouterr().out
+    assert "rung 4 (chunked_prefill): KV reserved (GiB) 0.1483 -> 0.102 (0.69×), outside ±0.20" in out
+    assert "6 metrics outside 2 SDs" in out
