@@ -35,7 +35,7 @@ def noise_beside(rungs: list[dict], keys: tuple[str, ...] | None = None) -> dict
     rows, so whole-run figures and every pair; the gates' own pooling (ladder.pool_noise) pairs the requests ok in
     both runs and leaves out pairs across environments or read back against made here."""
     by_rung = {r["rung"]: r for r in rungs}
-    logs: dict[str, list[float]] = {key: [] for key in (keys or [key for _, key in BESIDE])}
+    logs: dict[str, list[float]] = {key: [] for key in ([key for _, key in BESIDE] if keys is None else keys)}
     for before, r in zip(rungs, rungs[1:]):
         own = by_rung.get(before.get("accepted_rung"), {}).get("metrics", {})
         again = (r.get("control_beside") or {}).get("metrics", {})

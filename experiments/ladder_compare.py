@@ -215,8 +215,9 @@ def noise_within(*ladders: dict) -> dict[str, tuple[float, int, float]]:
     log ratio), from the RMS of the A/A pairs' log ratios pooled over the ladders. A timed figure is compared as a
     change (one pair's log ratio), so two ladders' changes differ with sqrt(2) x that RMS; memory and KV
     (AS_MEASURED) are compared as they are, one run against one run, which differ with the RMS itself (an A/A pair
-    is one run against one run). A figure that was the same in every pair gets no entry: its band stays
-    --noise-sd."""
+    is one run against one run). A figure that was the same in every pair, or measured on fewer than
+    MIN_NOISE_RUNGS pairs, gets no entry: its band stays --noise-sd. The pairs are minutes apart on one machine:
+    what differs between two sessions' machines beyond that is not in them."""
     logs: dict[str, list[tuple[float, int, float]]] = {}
     for ladder in ladders:
         for key, got in noise_beside(ladder["rungs"], TIMED + AS_MEASURED).items():
@@ -225,7 +226,7 @@ def noise_within(*ladders: dict) -> dict[str, tuple[float, int, float]]:
     for key, parts in logs.items():
         n = sum(m for _, m, _ in parts)
         rms = math.sqrt(sum(sd * sd * m for sd, m, _ in parts) / n)
-        if rms > 0:
+        if rms > 0 and n >= MIN_NOISE_RUNGS:
             out[key] = ((math.sqrt(2) if key in TIMED else 1.0) * rms, n, sum(mean * m for _, m, mean in parts) / n)
     return out
 

@@ -523,3 +523,6 @@ def test_noise_within_measures_kv_reserved_on_the_a_a_pairs_and_compares_it_as_i
     out = capsys.readouterr().out
     assert "rung 4 (chunked_prefill): KV reserved (GiB) 0.1483 -> 0.102 (0.69×), outside ±0.20" in out
     assert "6 metrics outside 2 SDs" in out
+    # fewer than MIN_NOISE_RUNGS pairs measure nothing: a ladder cut after rung 2 holds two
+    short = json.loads((_cut(tmp_path, TS4 / "a", 3) / "ladder.json").read_text())
+    assert noise_within(short) == {} and set(noise_within(a)) >= {"perf/kv_reserved_gb", "perf/e2e_ms_p99"}
