@@ -31,9 +31,9 @@ def noise_beside(rungs: list[dict], keys: tuple[str, ...] | None = None) -> dict
     """Run-to-run noise measured inside an interleaved ladder: each control run beside a rung is the same config
     as that control's own run, minutes apart (an A/A pair). Figure (keys; default the timed ones, BESIDE's) -> (RMS
     of ln(run beside / own run): the SD of the log ratio of two identical runs, pairs, mean log ratio), over the pairs
-    with both positive. The control of rung i is the rung accepted before it (the row before's accepted_rung). From ladder.json's
-    rows, so whole-run figures and every pair; the gates' own pooling (ladder.pool_noise) pairs the requests ok in
-    both runs and leaves out pairs across environments or read back against made here."""
+    with both positive. The control of rung i is the rung accepted before it (the row before's accepted_rung). From
+    ladder.json's rows, so whole-run figures and every pair; the gates' own pooling (ladder.pool_noise) pairs the
+    requests ok in both runs and leaves out pairs across environments or read back against made here."""
     by_rung = {r["rung"]: r for r in rungs}
     logs: dict[str, list[float]] = {key: [] for key in ([key for _, key in BESIDE] if keys is None else keys)}
     for before, r in zip(rungs, rungs[1:]):

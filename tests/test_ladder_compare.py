@@ -478,11 +478,13 @@ def test_the_time_scale_4_pair_fails_its_preregistered_strict_check_on_flash_att
     assert "the estimates differ by 0.368 in log ratio, within their intervals' combined half-width 0.568" in out
 
 
-def _kv_pairs(ladder: dict) -> list[float]:
-    """ln(KV reserved of the run beside a rung / its control's own run), rung by rung."""
+KV = "perf/kv_reserved_gb"
+
+
+def _aa(ladder: dict) -> list[tuple[dict, dict]]:
+    """(a control's own run's metrics, its run beside the next rung's), rung by rung: the A/A pairs."""
     rows = {r["rung"]: r for r in ladder["rungs"]}
-    return [math.log(r["control_beside"]["metrics"]["perf/kv_reserved_gb"]
-                     / rows[before["accepted_rung"]]["metrics"]["perf/kv_reserved_gb"])
+    return [(rows[before["accepted_rung"]]["metrics"], r["control_beside"]["metrics"])
             for before, r in zip(ladder["rungs"], ladder["rungs"][1:])]
 
 
@@ -495,11 +497,11 @@ def test_noise_within_measures_kv_reserved_on_the_a_a_pairs_and_compares_it_as_i
     from experiments.ladder_compare import noise_within
 
     a, b = (json.loads((TS4 / x / "ladder.json").read_text()) for x in ("a", "b"))
-    logs = _kv_pairs(a) + _kv_pairs(b)
+    logs = [math.log(beside[KV] / own[KV]) for x in (a, b) for own, beside in _aa(x)]
     rms = math.sqrt(sum(v * v for v in logs) / len(logs))
     assert rms == pytest.approx(0.217, abs=5e-4)
     both = noise_within(a, b)
-    assert both["perf/kv_reserved_gb"][:2] == (pytest.approx(rms), 12)
+    assert both[KV][:2] == (pytest.approx(rms), 12)
     ttft = [noise_beside(x["rungs"])["perf/ttft_ms_p50"][0] for x in (a, b)]
     assert both["perf/ttft_ms_p50"][0] == pytest.approx(math.sqrt(2) * math.sqrt((ttft[0] ** 2 + ttft[1] ** 2) / 2))
     assert main([str(TS4 / "a"), str(TS4 / "b"), "--noise-within", "--verdicts", "consistent"]) == 0
@@ -511,18 +513,16 @@ def test_noise_within_measures_kv_reserved_on_the_a_a_pairs_and_compares_it_as_i
     calm = [_copy(tmp_path / x, TS4 / x) for x in ("a", "b")]
 
     def same_kv(ladder: dict) -> None:
-        rows = {r["rung"]: r for r in ladder["rungs"]}
-        for before, r in zip(ladder["rungs"], ladder["rungs"][1:]):
-            r["control_beside"]["metrics"]["perf/kv_reserved_gb"] = \
-                rows[before["accepted_rung"]]["metrics"]["perf/kv_reserved_gb"]
+        for own, beside in _aa(ladder):
+            beside[KV] = own[KV]
 
     for x in calm:
         _edit_ladder(x, same_kv)
-    assert "perf/kv_reserved_gb" not in noise_within(*(json.loads((x / "ladder.json").read_text()) for x in calm))
+    assert KV not in noise_within(*(json.loads((x / "ladder.json").read_text()) for x in calm))
     assert main([*map(str, calm), "--noise-within", "--verdicts", "consistent"]) == 1
     out = capsys.readouterr().out
     assert "rung 4 (chunked_prefill): KV reserved (GiB) 0.1483 -> 0.102 (0.69×), outside ±0.20" in out
     assert "6 metrics outside 2 SDs" in out
     # fewer than MIN_NOISE_RUNGS pairs measure nothing: a ladder cut after rung 2 holds two
     short = json.loads((_cut(tmp_path, TS4 / "a", 3) / "ladder.json").read_text())
-    assert noise_within(short) == {} and set(noise_within(a)) >= {"perf/kv_reserved_gb", "perf/e2e_ms_p99"}
+    assert noise_within(short) == {} and set(noise_within(a)) >= {KV, "perf/e2e_ms_p99"}
