@@ -57,6 +57,9 @@ pairs (12 for a ladder of seven rungs), and a change of B against A's differs wi
 with as many df as pairs; never below sqrt(2) x --noise-sd). The runs beside measure peak memory, KV reserved and KV
 utilization too, compared as they are: B's against A's differ with the pairs' RMS itself (never below --noise-sd).
 Quality is not measured beside (those runs score no answers): its band stays --noise-sd.
+Where both ran interleaved, each rung's decode step per row (stage/decode_ms_mean over perf/step_decode_tokens_mean)
+and its decode steps are printed beside its control's, in A and in B (reported, not judged): the engine's own speed
+apart from its queue's path, and, in other step counts, a batch path that moved.
 
 A ladder cut short (a deadline, a crash, a lost machine) leaves ladder.json with `complete: false` and the rungs it
 reached: the two are compared on the rungs both reached, and the rungs not reached count as not reproduced, unless
@@ -73,7 +76,7 @@ import math
 import sys
 from pathlib import Path
 
-from abtest.ladder import LOADED, ROWS, _fmt, load, noise_beside
+from abtest.ladder import BESIDE, LOADED, ROWS, _fmt, load, noise_beside
 from experiments.diff import diff_dicts
 from experiments.snapshot import SNAPSHOT_FILE
 
@@ -198,10 +201,36 @@ MIN_NOISE_RUNGS = 5  # a metric's noise measured over fewer rungs is not used
 MOVED = 0.01  # a metric that moved less than this (in log ratio) does not count towards the chance allowance
 FIGURES = ("auto", "changes", "absolute")
 # what a rung's control run beside it (ladder.interleave) measures as well: compared as changes against it
-TIMED = ("perf/ttft_ms_p50", "perf/tpot_ms_p50", "perf/e2e_ms_p99", "perf/throughput_out_tok_s")
+TIMED = tuple(key for _, key in BESIDE)
 # what it measures that is compared as it is: how much KV a replay reserves follows which requests overlapped, so
 # identical runs differ (KV reserved moved 0.69-1.36x between identical runs on the H200 at time scale 4)
 AS_MEASURED = ("perf/peak_mem_gb", "perf/kv_reserved_gb", "perf/kv_util")
+
+
+def row_ms(metrics: dict) -> float | None:
+    """The ms a decode-only step took per decode row (stage/decode_ms_mean over perf/step_decode_tokens_mean): the
+    engine's own speed at the rows it ran, apart from how long its requests queued. None without the figures."""
+    step_ms, rows = metrics.get("stage/decode_ms_mean"), metrics.get("perf/step_decode_tokens_mean")
+    ok = all(isinstance(v, (int, float)) and v > 0 for v in (step_ms, rows))
+    return step_ms / rows if ok else None
+
+
+def step_costs(rungs: list[dict]) -> list[tuple[str, str]]:
+    """(rung, what its decode steps did against its control run beside it): ms per decode row, control -> rung
+    (change), and the decode steps each took (a batch path that moved shows as other step counts). Rungs without
+    a run beside them or without the step timers are left out."""
+    out = []
+    for r in rungs[1:]:
+        own, beside = r.get("metrics", {}), (r.get("control_beside") or {}).get("metrics", {})
+        cost, control = row_ms(own), row_ms(beside)
+        if cost is None or control is None:
+            continue
+        steps = [m.get("perf/steps") for m in (beside, own)]
+        text = f"{control:.1f} -> {cost:.1f} ms ({cost / control - 1:+.0%})"
+        if all(isinstance(v, (int, float)) for v in steps):
+            text += f", {steps[0]:,.0f} -> {steps[1]:,.0f} steps"
+        out.append((f"rung {r['rung']} ({r['opt'] or 'baseline'})", text))
+    return out
 
 
 def interleaved(ladder: dict) -> bool:
@@ -485,6 +514,13 @@ def compare(a: tuple[dict, Path | None], b: tuple[dict, Path | None], noise_sd: 
                                for label, key in ROWS if key in noise))
     out.append("load: the trace's offered out tok/s times the ms a decode-only step took per decode row, over 1000 "
                f"(an estimate: {LOADED:g} or more is at or near capacity)")
+    if changes:  # reported, not judged: the engine's speed per row, apart from the queue's path
+        costs_a, costs_b = dict(step_costs(ra)), dict(step_costs(rb))
+        names = [name for name in costs_a if name in costs_b]
+        if names:
+            out.append("decode step per row, each rung's control run beside it -> the rung (ms per decode row, change; "
+                       "decode steps: other counts, another batch path), reported, not judged:")
+            out += [f"  {name}: A {costs_a[name]}; B {costs_b[name]}" for name in names]
     kept = sum(x.get("kept") == y.get("kept") for x, y in zip(ra, rb))
     out.append(f"rungs kept (the ladder's decisions): the same at {kept}/{len(ra)}")
     if differing:

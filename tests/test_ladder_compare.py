@@ -464,7 +464,7 @@ def test_the_pooled_ladder_says_its_static_rungs_ran_at_capacity():
     assert "Load, estimated" not in ladder_table(calm)  # without the step timers nothing is said
 
 
-TS4 = RESULTS / "smollm2_ts4_24_interleaved_pooled"  # 2026-12-03: ladders A and B, one H200 each, the same code
+TS4 = RESULTS / "smollm2_ts4_24_interleaved_pooled"  # 2026-12-03: ladders A, B and C, one H200 each, the same code
 
 
 def test_the_time_scale_4_pair_fails_its_preregistered_strict_check_on_flash_attn_s_borderline_flip(capsys):
@@ -526,3 +526,53 @@ def test_noise_within_measures_kv_reserved_on_the_a_a_pairs_and_compares_it_as_i
     # fewer than MIN_NOISE_RUNGS pairs measure nothing: a ladder cut after rung 2 holds two
     short = json.loads((_cut(tmp_path, TS4 / "a", 3) / "ladder.json").read_text())
     assert noise_within(short) == {} and set(noise_within(a)) >= {KV, "perf/e2e_ms_p99"}
+
+
+def test_ladder_c_reproduces_b_and_not_a_the_check_fixed_before_its_data(capsys):
+    """The check fixed before C's data: --noise-within --verdicts consistent against A and against B, reproduced
+    iff both exit 0. C against B exits 0 (strict as well); C against A exits 1 on six figures outside 2 SDs, where
+    chance leaves up to four, flash_attn's flip again borderline and not counted."""
+    for x, strict in (("b", 0), ("a", 1)):
+        assert main([str(TS4 / x), str(TS4 / "c"), "--noise-within"]) == strict
+    capsys.readouterr()
+    assert main([str(TS4 / "b"), str(TS4 / "c"), "--noise-within", "--verdicts", "consistent"]) == 0
+    out = capsys.readouterr().out
+    assert "verdicts: 7/7 the same" in out and "\nreproduced" in out
+    assert main([str(TS4 / "a"), str(TS4 / "c"), "--noise-within", "--verdicts", "consistent"]) == 1
+    out = capsys.readouterr().out
+    assert "- rung 2 (flash_attn): inconclusive in A, pass in B: borderline" in out
+    reasons = out.split("not reproduced:\n", 1)[1]
+    assert "verdict inconclusive in A" not in reasons and "6 metrics outside 2 SDs" in reasons
+    assert "rung 2 (flash_attn): E2E p99 vs its control beside it" in reasons
+
+
+def test_each_rung_s_decode_step_per_row_is_printed_beside_its_control_s_and_not_judged(tmp_path, capsys):
+    """The engine's own speed apart from its queue's path: a rung's ms per decode row against its control run
+    beside it, in A and in B, with the decode steps each took. It explains a moved change (flash_attn's gated run
+    saved 2% per row in A, 18% in C) and decides nothing."""
+    from experiments.ladder_compare import row_ms, step_costs
+
+    a, c = (json.loads((TS4 / x / "ladder.json").read_text()) for x in ("a", "c"))
+    flash = {name: text for name, text in step_costs(c["rungs"])}["rung 2 (flash_attn)"]
+    own, beside = c["rungs"][2]["metrics"], c["rungs"][2]["control_beside"]["metrics"]
+    expected = own["stage/decode_ms_mean"] / own["perf/step_decode_tokens_mean"]
+    assert row_ms(own) == pytest.approx(expected)
+    assert flash == (f"{row_ms(beside):.1f} -> {expected:.1f} ms ({expected / row_ms(beside) - 1:+.0%}), "
+                     f"{beside['perf/steps']:,.0f} -> {own['perf/steps']:,.0f} steps")
+    assert main([str(TS4 / "a"), str(TS4 / "c"), "--noise-within", "--verdicts", "consistent"]) == 1
+    out = capsys.readouterr().out
+    assert f"  rung 2 (flash_attn): A {dict(step_costs(a['rungs']))['rung 2 (flash_attn)']}; B {flash}\n" in out
+    assert "(-2%)" in out.split("rung 2 (flash_attn): A ", 1)[1].split(";")[0]
+    # reported, not judged: B's own runs twice as slow per step change the lines and nothing else
+    copy = _copy(tmp_path, TS4 / "c")
+
+    def slower(ladder: dict) -> None:
+        for r in ladder["rungs"]:
+            r["metrics"]["stage/decode_ms_mean"] *= 2
+        del ladder["rungs"][4]["control_beside"]["metrics"]["stage/decode_ms_mean"]  # no timer: left out
+    _edit_ladder(copy, slower)
+    assert main([str(TS4 / "b"), str(copy), "--noise-within", "--verdicts", "consistent"]) == 0
+    out = capsys.readouterr().out
+    assert "\nreproduced" in out and "rung 4 (chunked_prefill): A" not in out
+    assert "rung 2 (flash_attn): A" in out and f"-> {2 * expected:.1f} ms" in out
+    assert row_ms({"stage/decode_ms_mean": 30.0}) is None and row_ms({}) is None
