@@ -514,12 +514,13 @@ def compare(a: tuple[dict, Path | None], b: tuple[dict, Path | None], noise_sd: 
                                for label, key in ROWS if key in noise))
     out.append("load: the trace's offered out tok/s times the ms a decode-only step took per decode row, over 1000 "
                f"(an estimate: {LOADED:g} or more is at or near capacity)")
-    if changes:  # reported, not judged: the engine's speed per row, apart from the queue's path
+    if both:  # reported, not judged: the engine's speed per row, apart from the queue's path
         costs_a, costs_b = dict(step_costs(ra)), dict(step_costs(rb))
         names = [name for name in costs_a if name in costs_b]
         if names:
-            out.append("decode step per row, each rung's control run beside it -> the rung (ms per decode row, change; "
-                       "decode steps: other counts, another batch path), reported, not judged:")
+            out.append("decode step per row (reported, not judged): ms per decode row of each rung's control run "
+                       "beside it -> the rung, and the decode steps each took (other counts: its batches formed "
+                       "otherwise):")
             out += [f"  {name}: A {costs_a[name]}; B {costs_b[name]}" for name in names]
     kept = sum(x.get("kept") == y.get("kept") for x, y in zip(ra, rb))
     out.append(f"rungs kept (the ladder's decisions): the same at {kept}/{len(ra)}")

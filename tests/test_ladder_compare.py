@@ -557,7 +557,8 @@ def test_each_rung_s_decode_step_per_row_is_printed_beside_its_control_s_and_not
     own, beside = c["rungs"][2]["metrics"], c["rungs"][2]["control_beside"]["metrics"]
     expected = own["stage/decode_ms_mean"] / own["perf/step_decode_tokens_mean"]
     assert row_ms(own) == pytest.approx(expected)
-    assert flash == (f"{row_ms(beside):.1f} -> {expected:.1f} ms ({expected / row_ms(beside) - 1:+.0%}), "
+    control = beside["stage/decode_ms_mean"] / beside["perf/step_decode_tokens_mean"]
+    assert flash == (f"{control:.1f} -> {expected:.1f} ms ({expected / control - 1:+.0%}), "
                      f"{beside['perf/steps']:,.0f} -> {own['perf/steps']:,.0f} steps")
     assert main([str(TS4 / "a"), str(TS4 / "c"), "--noise-within", "--verdicts", "consistent"]) == 1
     out = capsys.readouterr().out
@@ -576,3 +577,8 @@ def test_each_rung_s_decode_step_per_row_is_printed_beside_its_control_s_and_not
     assert "\nreproduced" in out and "rung 4 (chunked_prefill): A" not in out
     assert "rung 2 (flash_attn): A" in out and f"-> {2 * expected:.1f} ms" in out
     assert row_ms({"stage/decode_ms_mean": 30.0}) is None and row_ms({}) is None
+    assert row_ms({"stage/decode_ms_mean": 30.0, "perf/step_decode_tokens_mean": 0}) is None
+    # a ladder without runs beside its rungs has nothing to print, and says nothing
+    plain = [{k: v for k, v in r.items() if k != "control_beside"} for r in c["rungs"]]
+    assert step_costs(plain) == []
+    assert main([str(SMOLLM2), str(SMOLLM2)]) == 0 and "decode step per row" not in capsys.readouterr().out
