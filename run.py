@@ -148,7 +148,12 @@ def cli() -> None:
     lifecycle.install_signal_handlers()  # SIGTERM unwinds like Ctrl-C: records kept, servers stopped, KILLED
     code: int | str | None = None
     try:
-        main()
+        try:
+            main()
+        except Exception as e:  # a SIGTERM that a library turned into its own error on its way up: still a SIGTERM
+            if (stop := lifecycle.terminated()) is not None:
+                raise stop from e
+            raise
     except (UserError, CompactHydraException) as e:  # a config that does not compose is a user error too
         finish_active_sweep()
         if _verbose[0]:

@@ -190,8 +190,20 @@ class Terminated(BaseException):
         self.signum = signum
 
 
+_SIGNALLED: list[int] = []  # the signals turned into Terminated in this process
+
+
 def _on_sigterm(signum, frame) -> None:
+    _SIGNALLED.append(signum)
     raise Terminated(signum)
+
+
+def terminated() -> Terminated | None:
+    """A Terminated for the SIGTERM this process received, or None. The exception can be lost on its way up: a
+    library it unwinds through may raise its own error in a `finally` or re-raise it as one (Hydra's config
+    composition did: "ConfigCompositionException: 'NoneType' object has no attribute '_invalidate_flags_cache'"),
+    so code that catches Exception and goes on (a ladder's rung, a report) asks here first and ends instead."""
+    return Terminated(_SIGNALLED[-1]) if _SIGNALLED else None
 
 
 def install_signal_handlers() -> None:

@@ -9,17 +9,19 @@
 
 SIGTERM becomes an exception in the main thread (backends.launcher.Terminated), like SIGINT's
 KeyboardInterrupt, so every `finally` runs: records already on disk stay, child servers and the locust
-worker are stopped, and the MLflow run is ended with the status above.
+worker are stopped, and the MLflow run is ended with the status above. A SIGTERM whose exception a library lost on
+its way up (terminated()) still ends the run as one: 143, KILLED.
 """
 from __future__ import annotations
 
-from backends.launcher import Terminated, install_signal_handlers
+from backends.launcher import Terminated, install_signal_handlers, terminated
 from experiments.tracking import TrackingUnreachable, run_status
 
 EXIT_CRASHED = 70
 EXIT_TRACKING = 69
 
-__all__ = ["EXIT_CRASHED", "EXIT_TRACKING", "Terminated", "exit_status", "install_signal_handlers", "run_status"]
+__all__ = ["EXIT_CRASHED", "EXIT_TRACKING", "Terminated", "exit_status", "install_signal_handlers", "run_status",
+           "terminated"]
 
 
 def exit_status(exc: BaseException) -> int:

@@ -258,6 +258,57 @@ def test_a_rung_that_raises_is_left_out_with_its_reason_and_the_ladder_goes_on()
         raising_climb(True)
 
 
+def test_a_sigterm_a_library_turned_into_its_own_error_still_ends_the_ladder(monkeypatch):
+    """A SIGTERM lands wherever the main thread is: inside Hydra's config composition its Terminated was lost and
+    the rung recorded "ConfigCompositionException: 'NoneType' object has no attribute '_invalidate_flags_cache'",
+    and the ladder went on past its deadline. The handler remembers the signal: the rung's error ends the ladder as
+    the SIGTERM it was, and an error without a signal is still the rung's reason."""
+    import signal
+
+    from backends import launcher
+
+    monkeypatch.setattr(launcher, "_SIGNALLED", [])
+    effects: dict = {}
+
+    def run_rung(name: str, opts: list[str], prev=None) -> Arm:
+        if "flash_attn" in opts:
+            try:
+                launcher._on_sigterm(signal.SIGTERM, None)  # as the signal would, mid-composition
+            except launcher.Terminated:
+                raise AttributeError("'NoneType' object has no attribute '_invalidate_flags_cache'") from None
+        cfg = OmegaConf.create({"engine": {o: o in opts for o in OPTS}})
+        return Arm(name, [], cfg, [stub_result(opts, effects)])
+
+    rows: list = []
+    noise = GateConfig(n_boot=300, run_noise={"perf/e2e_ms_p99": 0.02})
+    with pytest.raises(launcher.Terminated) as stopped:
+        climb(["paged_kv", "flash_attn", "batched_decode"], True, run_rung,
+              lambda prev, cand: gate_pair(prev, cand, noise)[:2], on_row=lambda r, a: rows.append(len(r)))
+    assert stopped.value.signum == signal.SIGTERM and isinstance(stopped.value.__cause__, AttributeError)
+    assert rows == [1, 2]  # the baseline and paged_kv were handed over; no error row for flash_attn
+    from experiments.lifecycle import exit_status
+    assert exit_status(stopped.value) == 143
+
+
+def test_run_py_ends_as_sigterm_when_a_library_lost_the_signal_s_exception():
+    """run.py's exit status for a SIGTERM whose exception became another error on its way up: 143 (KILLED), not
+    70 (a crash) nor a user error."""
+    code = ("import signal, sys\n"
+            "import run\n"
+            "from backends import launcher\n"
+            "from experiments.errors import UserError\n"
+            "def main():\n"
+            "    try:\n"
+            "        launcher._on_sigterm(signal.SIGTERM, None)\n"
+            "    except launcher.Terminated:\n"
+            "        raise UserError('ConfigCompositionException: lost') from None\n"
+            "run.main = main\n"
+            "run.cli()\n")
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 143, done.stderr[-2000:]
+    assert "stopped by signal 15" in done.stderr
+
+
 def test_ladder_table_compares_the_baseline_with_the_last_accepted_rung():
     base = {"perf/ttft_ms_p50": 1444.0, "perf/tpot_ms_p50": 61.54, "perf/e2e_ms_p99": 25459.0,
             "perf/throughput_out_tok_s": 41.29, "capacity/max_concurrency": 10000.0, "perf/peak_mem_gb": 2.146,
