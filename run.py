@@ -67,7 +67,12 @@ def quote_arm_overrides(argv: list[str]) -> list[str]:
 @hydra.main(config_path="conf", config_name="config", version_base="1.3")
 def main(cfg: DictConfig) -> int:
     try:
-        return _main(cfg)
+        try:
+            return _main(cfg)
+        except Exception as e:  # a SIGTERM whose exception a library lost on its way up: still that SIGTERM (a
+            if (stop := lifecycle.terminated()) is not None:  # sweep stops too: Hydra goes on only past an Exception)
+                raise stop from e
+            raise
     except tracking.TrackingUnreachable as e:  # nothing ran: one clear line, no traceback
         log.error("%s", e)
         _exit[0] = lifecycle.EXIT_TRACKING
@@ -88,6 +93,8 @@ def _main(cfg: DictConfig) -> int:
             _exit[0] = code
     except UserError as e:
         # caught here, not left to Hydra: it would add its own lines, and a sweep goes on with its next job
+        if (stop := lifecycle.terminated()) is not None:  # a lost SIGTERM (Hydra's composition) is no user error
+            raise stop from e
         if _verbose[0]:
             raise
         job = f"[job {hc.job.num}: {' '.join(hc.overrides.task)}] " if hc.mode == RunMode.MULTIRUN else ""

@@ -12,7 +12,7 @@ import os
 import traceback
 from pathlib import Path
 
-from backends.launcher import Terminated
+from backends.launcher import Terminated, terminated
 from experiments.snapshot import PROJECT_ROOT
 from experiments.tracking_server import check_driver, check_uri, is_server, redact
 
@@ -26,7 +26,8 @@ def run_status(exc: BaseException | None) -> str:
     """The MLflow status of a run that ended with exc (None: it finished)."""
     if exc is None:
         return "FINISHED"
-    return "KILLED" if isinstance(exc, (KeyboardInterrupt, Terminated)) else "FAILED"
+    # a SIGTERM whose exception a library lost on its way up ended it all the same
+    return "KILLED" if isinstance(exc, (KeyboardInterrupt, Terminated)) or terminated() else "FAILED"
 
 
 class TrackingUnreachable(RuntimeError):
@@ -156,6 +157,8 @@ class Tracker:
         try:
             call()
         except Exception as e:  # noqa: BLE001 - the run's own results must not die with the store
+            if (stop := terminated()) is not None:  # a SIGTERM lost inside the client: the run ends, not tracking
+                raise stop from e
             self.enabled = False
             LOST.append(f"{what}: {_reason(e)}")
             log.error("tracking lost mid-run (%s). The run goes on and keeps everything in its run directory; "

@@ -286,27 +286,63 @@ def test_a_sigterm_a_library_turned_into_its_own_error_still_ends_the_ladder(mon
               lambda prev, cand: gate_pair(prev, cand, noise)[:2], on_row=lambda r, a: rows.append(len(r)))
     assert stopped.value.signum == signal.SIGTERM and isinstance(stopped.value.__cause__, AttributeError)
     assert rows == [1, 2]  # the baseline and paged_kv were handed over; no error row for flash_attn
+    monkeypatch.setattr(launcher, "_SIGNALLED", [])  # the same error without a signal: the rung's reason
+
+    def raising(name: str, opts: list[str], prev=None) -> Arm:
+        if "flash_attn" in opts:
+            raise AttributeError("'NoneType' object has no attribute '_invalidate_flags_cache'")
+        return run_rung(name, opts, prev)
+    plain, _ = climb(["paged_kv", "flash_attn"], True, raising, lambda prev, cand: gate_pair(prev, cand, noise)[:2])
+    assert plain[2]["status"] == "error" and "_invalidate_flags_cache" in plain[2]["reason"]
     from experiments.lifecycle import exit_status
     assert exit_status(stopped.value) == 143
 
 
-def test_run_py_ends_as_sigterm_when_a_library_lost_the_signal_s_exception():
-    """run.py's exit status for a SIGTERM whose exception became another error on its way up: 143 (KILLED), not
-    70 (a crash) nor a user error."""
-    code = ("import signal, sys\n"
-            "import run\n"
+@pytest.mark.parametrize("lost_as", ["UserError", "RuntimeError"])
+def test_run_py_ends_as_sigterm_when_a_library_lost_the_signal_s_exception(lost_as):
+    """run.py's exit status for a SIGTERM whose exception became another error on its way up (a UserError: what
+    Hydra's composition error becomes; anything else): 143, not 3 (a user error) nor 70 (a crash). The experiment
+    itself (run_experiment) is replaced; Hydra, run.py's _main and its handling are the real ones."""
+    code = ("import runpy, signal, sys\n"
             "from backends import launcher\n"
+            "from experiments import experiment\n"
             "from experiments.errors import UserError\n"
-            "def main():\n"
+            "def lost(*args, **kwargs):\n"
             "    try:\n"
             "        launcher._on_sigterm(signal.SIGTERM, None)\n"
             "    except launcher.Terminated:\n"
-            "        raise UserError('ConfigCompositionException: lost') from None\n"
-            "run.main = main\n"
-            "run.cli()\n")
-    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
-    assert done.returncode == 143, done.stderr[-2000:]
-    assert "stopped by signal 15" in done.stderr
+            f"        raise {lost_as}('ConfigCompositionException: lost') from None\n"
+            "experiment.run_experiment = lost\n"
+            "sys.argv = ['run.py', 'tracking.enabled=false']\n"
+            "runpy.run_path('run.py', run_name='__main__')\n")
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 143, (done.stdout + done.stderr)[-2000:]
+    assert "stopped by signal 15" in done.stdout + done.stderr
+
+
+def test_a_lost_sigterm_ends_an_mlflow_run_killed_and_an_error_without_one_failed(monkeypatch):
+    import signal
+
+    from backends import launcher
+    from experiments.tracking import run_status
+
+    monkeypatch.setattr(launcher, "_SIGNALLED", [])
+    assert run_status(RuntimeError("lost")) == "FAILED" and run_status(None) == "FINISHED"
+    monkeypatch.setattr(launcher, "_SIGNALLED", [signal.SIGTERM])
+    assert run_status(RuntimeError("lost")) == "KILLED" and run_status(None) == "FINISHED"
+    # a call to the store that the signal interrupted ends the run, not the tracking
+    from experiments import tracking
+
+    def interrupted() -> None:
+        raise ConnectionError("lost mid-call")
+    monkeypatch.setattr(tracking, "LOST", [])
+    tracker = tracking.Tracker.__new__(tracking.Tracker)
+    tracker.enabled = True
+    with pytest.raises(launcher.Terminated):
+        tracker._call("log_metrics", interrupted)
+    monkeypatch.setattr(launcher, "_SIGNALLED", [])
+    tracker._call("log_metrics", interrupted)  # without a signal: tracking off, the run goes on
+    assert not tracker.enabled and tracking.LOST[0].startswith("log_metrics: ")
 
 
 def test_ladder_table_compares_the_baseline_with_the_last_accepted_rung():
