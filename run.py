@@ -70,8 +70,7 @@ def main(cfg: DictConfig) -> int:
         try:
             return _main(cfg)
         except Exception as e:  # a SIGTERM whose exception a library lost on its way up: still that SIGTERM (a
-            if (stop := lifecycle.terminated()) is not None:  # sweep stops too: Hydra goes on only past an Exception)
-                raise stop from e
+            lifecycle.raise_if_terminated(e)  # sweep stops too: Hydra goes on only past an Exception)
             raise
     except tracking.TrackingUnreachable as e:  # nothing ran: one clear line, no traceback
         log.error("%s", e)
@@ -93,8 +92,7 @@ def _main(cfg: DictConfig) -> int:
             _exit[0] = code
     except UserError as e:
         # caught here, not left to Hydra: it would add its own lines, and a sweep goes on with its next job
-        if (stop := lifecycle.terminated()) is not None:  # a lost SIGTERM (Hydra's composition) is no user error
-            raise stop from e
+        lifecycle.raise_if_terminated(e)  # a lost SIGTERM (Hydra's composition) is no user error
         if _verbose[0]:
             raise
         job = f"[job {hc.job.num}: {' '.join(hc.overrides.task)}] " if hc.mode == RunMode.MULTIRUN else ""
@@ -158,8 +156,7 @@ def cli() -> None:
         try:
             main()
         except Exception as e:  # a SIGTERM that a library turned into its own error on its way up: still a SIGTERM
-            if (stop := lifecycle.terminated()) is not None:
-                raise stop from e
+            lifecycle.raise_if_terminated(e)
             raise
     except (UserError, CompactHydraException) as e:  # a config that does not compose is a user error too
         finish_active_sweep()

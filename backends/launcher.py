@@ -206,6 +206,12 @@ def terminated() -> Terminated | None:
     return Terminated(_SIGNALLED[-1]) if _SIGNALLED else None
 
 
+def raise_if_terminated(cause: BaseException) -> None:
+    """Where an Exception is caught: raise the SIGTERM this process received (terminated()) in its place, from it."""
+    if (stop := terminated()) is not None:
+        raise stop from cause
+
+
 def install_signal_handlers() -> None:
     """Turn SIGTERM into an exception (SIGINT already is one: KeyboardInterrupt), so the normal unwinding
     stops every server. Only the main thread may install handlers; elsewhere atexit and PDEATHSIG remain."""

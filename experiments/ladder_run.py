@@ -19,7 +19,7 @@ from abtest.verdict import ArmResult, Verdict, aa_log_ratio, pooled_run_noise, v
 from experiments.ab_run import (Arm, base_overrides, check_rung_engines, compose_arm, free_device_memory, gate_config,
                                 gate_pair, prepare_arms, run_arms)
 from experiments.errors import as_user_error
-from experiments.lifecycle import terminated
+from experiments.lifecycle import raise_if_terminated
 from experiments.load_curves import write_load_curves
 from experiments.resume import find_rung, resume_rung, take_rung
 from experiments.snapshot import SNAPSHOT_FILE, environment
@@ -122,8 +122,7 @@ def run_ladder(cfg: DictConfig, run_dir: Path, overrides: list[str], choices: di
             try:
                 run_arms([arm], ladder.repeats, run_dir, parent.run_id)
             except Exception as e:  # noqa: BLE001 - the read-back control still stands; its verdict says why
-                if (stop := terminated()) is not None:
-                    raise stop from e
+                raise_if_terminated(e)
                 if ladder.stop_on_error:
                     raise
                 log.error("%s failed, %s is judged against the read-back runs: %s: %s", arm.name, name,
@@ -212,8 +211,7 @@ def run_ladder(cfg: DictConfig, run_dir: Path, overrides: list[str], choices: di
             try:
                 write(rows, acc, False)
             except Exception as e:  # noqa: BLE001 - a report that cannot be written must not end the ladder
-                if (stop := terminated()) is not None:
-                    raise stop from e
+                raise_if_terminated(e)
                 log.warning("ladder.json / ladder.md after rung %d not written: %s: %s", rows[-1]["rung"],
                             type(e).__name__, e)
 
@@ -272,8 +270,7 @@ def climb(opts: list[str], keep_inconclusive: bool, run_rung: RunRung, judge: Ju
         try:
             cand = run_rung(f"rung{i}-{opt}", on, prev)
         except Exception as e:  # noqa: BLE001 - what a rung hit is its row's reason; KeyboardInterrupt still ends it
-            if (stop := terminated()) is not None:  # a SIGTERM that a library turned into its own error
-                raise stop from e
+            raise_if_terminated(e)  # a SIGTERM that a library turned into its own error
             if stop_on_error:
                 raise
             reason = f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"[:500]

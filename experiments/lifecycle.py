@@ -14,14 +14,14 @@ its way up (terminated()) still ends the run as one: 143, KILLED.
 """
 from __future__ import annotations
 
-from backends.launcher import Terminated, install_signal_handlers, terminated
+from backends.launcher import Terminated, install_signal_handlers, raise_if_terminated, terminated
 from experiments.tracking import TrackingUnreachable, run_status
 
 EXIT_CRASHED = 70
 EXIT_TRACKING = 69
 
-__all__ = ["EXIT_CRASHED", "EXIT_TRACKING", "Terminated", "exit_status", "install_signal_handlers", "run_status",
-           "terminated"]
+__all__ = ["EXIT_CRASHED", "EXIT_TRACKING", "Terminated", "exit_status", "install_signal_handlers",
+           "raise_if_terminated", "run_status", "terminated"]
 
 
 def exit_status(exc: BaseException) -> int:

@@ -12,7 +12,7 @@ import os
 import traceback
 from pathlib import Path
 
-from backends.launcher import Terminated, terminated
+from backends.launcher import Terminated, raise_if_terminated, terminated
 from experiments.snapshot import PROJECT_ROOT
 from experiments.tracking_server import check_driver, check_uri, is_server, redact
 
@@ -157,8 +157,7 @@ class Tracker:
         try:
             call()
         except Exception as e:  # noqa: BLE001 - the run's own results must not die with the store
-            if (stop := terminated()) is not None:  # a SIGTERM lost inside the client: the run ends, not tracking
-                raise stop from e
+            raise_if_terminated(e)  # a SIGTERM lost inside the client: the run ends, not tracking
             self.enabled = False
             LOST.append(f"{what}: {_reason(e)}")
             log.error("tracking lost mid-run (%s). The run goes on and keeps everything in its run directory; "
