@@ -464,7 +464,7 @@ def test_the_pooled_ladder_says_its_static_rungs_ran_at_capacity():
     assert "Load, estimated" not in ladder_table(calm)  # without the step timers nothing is said
 
 
-TS4 = RESULTS / "smollm2_ts4_24_interleaved_pooled"  # 2026-12-03: ladders A, B and C, one H200 each, the same code
+TS4 = RESULTS / "smollm2_ts4_24_interleaved_pooled"  # 2026-12-03: ladders A-D, one H200 each, the same ladder code
 
 
 def test_the_time_scale_4_pair_fails_its_preregistered_strict_check_on_flash_attn_s_borderline_flip(capsys):
@@ -544,6 +544,33 @@ def test_ladder_c_reproduces_b_and_not_a_the_check_fixed_before_its_data(capsys)
     reasons = out.split("not reproduced:\n", 1)[1]
     assert "verdict inconclusive in A" not in reasons and "6 metrics outside 2 SDs" in reasons
     assert "rung 2 (flash_attn): E2E p99 vs its control beside it" in reasons
+
+
+def test_ladder_d_reproduces_a_b_and_c_the_check_fixed_before_its_data(tmp_path, capsys):
+    """The check fixed before D's data: `ladder_compare X d --noise-within --verdicts consistent` for X in a, b and
+    c, reproduced iff at least two exit 0. All three do; strict (reported beside) only against A, because
+    flash_attn's borderline flip (inconclusive in A and D, pass in B and C) counts there. A D whose all-on rung
+    served half the throughput against its control fails against every one of them."""
+    for x, strict in (("a", 0), ("b", 1), ("c", 1)):
+        assert main([str(TS4 / x), str(TS4 / "d"), "--noise-within"]) == strict
+        out = capsys.readouterr().out
+        assert "rungs kept (the ladder's decisions): the same at 7/7" in out
+        assert "2 metric(s) outside 2 SDs (none as improbable as 4 SDs of a normal)" in out
+        if strict:
+            assert "- rung 2 (flash_attn): verdict pass in A, inconclusive in B (borderline)" in out
+    assert [main([str(TS4 / x), str(TS4 / "d"), "--noise-within", "--verdicts", "consistent"])
+            for x in "abc"] == [0, 0, 0]
+    assert capsys.readouterr().out.count("\nreproduced\n") == 3
+    slow = _copy(tmp_path, TS4 / "d")
+
+    def half(ladder: dict) -> None:  # the last rung's own run is no A/A pair's: the measured noise stays as it was
+        ladder["rungs"][6]["metrics"]["perf/throughput_out_tok_s"] *= 0.5
+    _edit_ladder(slow, half)
+    for x in "abc":
+        assert main([str(TS4 / x), str(slow), "--noise-within", "--verdicts", "consistent"]) == 1
+        reasons = capsys.readouterr().out.split("not reproduced:\n", 1)[1]
+        assert "- rung 6 (cuda_graphs): throughput vs its control beside it" in reasons
+        assert "as improbable as 4 SDs or more" in reasons
 
 
 def test_each_rung_s_decode_step_per_row_is_printed_beside_its_control_s_and_not_judged(tmp_path, capsys):
