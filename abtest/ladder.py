@@ -65,11 +65,18 @@ def load(metrics: dict) -> float | None:
     per-row-bound eager step; a step with a large fixed cost (graph replay at a few rows) reads high. None without
     the figures (a closed-loop workload has no arrival span; an engine without stage timers)."""
     span, makespan = metrics.get("traffic/duration_s"), metrics.get("perf/makespan_s")
-    served = metrics.get("perf/throughput_out_tok_s")
-    step_ms, rows = metrics.get("stage/decode_ms_mean"), metrics.get("perf/step_decode_tokens_mean")
-    if not all(isinstance(v, (int, float)) and v > 0 for v in (span, makespan, served, step_ms, rows)):
+    served, per_row = metrics.get("perf/throughput_out_tok_s"), row_ms(metrics)
+    if per_row is None or not all(isinstance(v, (int, float)) and v > 0 for v in (span, makespan, served)):
         return None
-    return served * makespan / span * step_ms / rows / 1000
+    return served * makespan / span * per_row / 1000
+
+
+def row_ms(metrics: dict) -> float | None:
+    """The ms a decode-only step took per decode row (stage/decode_ms_mean over perf/step_decode_tokens_mean): the
+    engine's own speed at the rows it ran, apart from how long its requests queued. None without the figures."""
+    step_ms, rows = metrics.get("stage/decode_ms_mean"), metrics.get("perf/step_decode_tokens_mean")
+    ok = all(isinstance(v, (int, float)) and v > 0 for v in (step_ms, rows))
+    return step_ms / rows if ok else None
 
 
 def ladder_table(rungs: list[dict]) -> str:

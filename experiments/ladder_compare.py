@@ -76,7 +76,7 @@ import math
 import sys
 from pathlib import Path
 
-from abtest.ladder import BESIDE, LOADED, ROWS, _fmt, load, noise_beside
+from abtest.ladder import BESIDE, LOADED, ROWS, _fmt, load, noise_beside, row_ms
 from experiments.diff import diff_dicts
 from experiments.snapshot import SNAPSHOT_FILE
 
@@ -205,14 +205,6 @@ TIMED = tuple(key for _, key in BESIDE)
 # what it measures that is compared as it is: how much KV a replay reserves follows which requests overlapped, so
 # identical runs differ (KV reserved moved 0.69-1.36x between identical runs on the H200 at time scale 4)
 AS_MEASURED = ("perf/peak_mem_gb", "perf/kv_reserved_gb", "perf/kv_util")
-
-
-def row_ms(metrics: dict) -> float | None:
-    """The ms a decode-only step took per decode row (stage/decode_ms_mean over perf/step_decode_tokens_mean): the
-    engine's own speed at the rows it ran, apart from how long its requests queued. None without the figures."""
-    step_ms, rows = metrics.get("stage/decode_ms_mean"), metrics.get("perf/step_decode_tokens_mean")
-    ok = all(isinstance(v, (int, float)) and v > 0 for v in (step_ms, rows))
-    return step_ms / rows if ok else None
 
 
 def step_costs(rungs: list[dict]) -> list[tuple[str, str]]:
