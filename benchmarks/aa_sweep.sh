@@ -11,4 +11,4 @@ PY=${PY:-.venv/bin/python}
 COMMON=(+ab=aa engine.cpu_threads=1 quality.num_prompts=20 tracking.enabled=false replay.progress=false "$@")
 $PY run.py -m "${COMMON[@]}" 'seed=range(1,11)' ab.first=control hydra.sweep.dir="$OUT/first_control" || true
 $PY run.py -m "${COMMON[@]}" 'seed=range(11,21)' ab.first=candidate hydra.sweep.dir="$OUT/first_candidate" || true
-$PY -m experiments.ab_summary "$OUT" --out "$OUT/ab_summary"
+$PY -m optladder.experiments.ab_summary "$OUT" --out "$OUT/ab_summary"

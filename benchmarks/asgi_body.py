@@ -1,10 +1,10 @@
-"""The ASGI server's body reading (benchmarks/asgi_server.py): bounded in size, then serving/edge.py's parse."""
+"""The ASGI server's body reading (benchmarks/asgi_server.py): bounded in size, then optladder/serving/edge.py's parse."""
 from __future__ import annotations
 
 from starlette.requests import Request
 
-from serving.edge import parse_json
-from serving.openai_protocol import BadRequest
+from optladder.serving.edge import parse_json
+from optladder.serving.openai_protocol import BadRequest
 
 # An oversized body is read to its end (and thrown away) up to this multiple of the limit before the 413:
 # a server that answers and closes while the client is still sending resets the connection, and the

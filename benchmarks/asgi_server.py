@@ -1,4 +1,4 @@
-"""The ASGI server measured against the stdlib one (serving/server.py) by benchmarks/http_overhead.py, and
+"""The ASGI server measured against the stdlib one (optladder/serving/server.py) by benchmarks/http_overhead.py, and
 kept only for that comparison: the same endpoints, wire format, edge and engine thread, on the stack vLLM's
 own server uses. At 300 open streams on the project's 2-core machine it added more to TTFT p99 than the
 stdlib server at the same CPU per token, so the stdlib one stayed (README).
@@ -8,9 +8,9 @@ stdlib server at the same CPU per token, so the stdlib one stayed (README).
     handle.shutdown()
 
 The stack vLLM's own server uses: an ASGI app (Starlette) under uvicorn, one event loop for every
-connection, in front of one engine thread (`serving.engine_loop.EngineLoop`), the only thread that touches
+connection, in front of one engine thread (`optladder.serving.engine_loop.EngineLoop`), the only thread that touches
 the engine. Endpoints: GET /health, GET /v1/models, POST /v1/completions,
-POST /v1/chat/completions; the wire format is serving/openai_protocol.py's.
+POST /v1/chat/completions; the wire format is optladder/serving/openai_protocol.py's.
 
 The edge: it binds 127.0.0.1 unless told otherwise; with an API key set, every /v1 route wants
 `Authorization: Bearer <key>` (compared in constant time) and answers 401 without it; a body over
@@ -37,13 +37,13 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from asgi_body import BodyTooLarge, read_json
-from serving.edge import Refused, check_key
-from serving.engine_loop import EngineDead, EngineLoop
-from serving.openai_protocol import (BadRequest, Completion, TokenEvents, chunk, final_response, parse_chat,
+from optladder.serving.edge import Refused, check_key
+from optladder.serving.engine_loop import EngineDead, EngineLoop
+from optladder.serving.openai_protocol import (BadRequest, Completion, TokenEvents, chunk, final_response, parse_chat,
                                      parse_completion)
 
 if TYPE_CHECKING:
-    from engine.llm_engine import LLMEngine
+    from optladder.engine.llm_engine import LLMEngine
 
 log = logging.getLogger(__name__)
 MAX_BODY_BYTES = 8 << 20  # a max_model_len prompt as token ids is well under 1 MiB even at 128k tokens

@@ -1,7 +1,7 @@
 """The capacity search with and without `replay.capacity_stop_early`, side by side on one engine in one process
 (the rounds alternate the two; the machine is noisy, so compare within a round): the search's wall time, its
 answer and each probe. Early stopping ends a probe once its P99 E2E must miss the SLO whatever its remaining
-requests do (traffic/capacity.py stop_when_missed), so it may only shorten failing probes; the answers can still
+requests do (optladder/traffic/capacity.py stop_when_missed), so it may only shorten failing probes; the answers can still
 differ where a probe near the threshold is noisy (a load that passes in one round and fails in the next).
 
     .venv/bin/python benchmarks/cpu_capacity_stop.py [--model smollm2_135m] [--slo 1.0] [--rounds 2]
@@ -24,14 +24,14 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from engine.config import EngineConfig, ModelConfig  # noqa: E402
-from engine.llm_engine import LLMEngine  # noqa: E402
-from engine.sequence import SamplingParams  # noqa: E402
-from traffic.capacity import find_capacity, requests_at, stop_when_missed  # noqa: E402
-from traffic.metrics import SLO  # noqa: E402
-from traffic.replay import InProcessDriver  # noqa: E402
-from traffic.replay_config import Pacing, ReplayConfig  # noqa: E402
-from traffic.request import Request  # noqa: E402
+from optladder.engine.config import EngineConfig, ModelConfig  # noqa: E402
+from optladder.engine.llm_engine import LLMEngine  # noqa: E402
+from optladder.engine.sequence import SamplingParams  # noqa: E402
+from optladder.traffic.capacity import find_capacity, requests_at, stop_when_missed  # noqa: E402
+from optladder.traffic.metrics import SLO  # noqa: E402
+from optladder.traffic.replay import InProcessDriver  # noqa: E402
+from optladder.traffic.replay_config import Pacing, ReplayConfig  # noqa: E402
+from optladder.traffic.request import Request  # noqa: E402
 
 
 def main() -> None:
@@ -43,7 +43,7 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=None, help="write the rounds as JSON here")
     args = ap.parse_args()
     torch.manual_seed(0)
-    mcfg = ModelConfig(**yaml.safe_load((ROOT / "conf" / "model" / f"{args.model}.yaml").read_text()))
+    mcfg = ModelConfig(**yaml.safe_load((ROOT / "optladder" / "conf" / "model" / f"{args.model}.yaml").read_text()))
     engine = LLMEngine(mcfg, EngineConfig(max_model_len=1024, kv_cache_gb=0.5, paged_kv=True, dynamic_batching=True,
                                           max_num_seqs=64))
     g = torch.Generator().manual_seed(1)

@@ -26,8 +26,8 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
-from engine.model_runner import ModelRunner, table_rows_from_lists  # noqa: E402
-from engine.sequence import SamplingParams, Sequence  # noqa: E402
+from optladder.engine.model_runner import ModelRunner, table_rows_from_lists  # noqa: E402
+from optladder.engine.sequence import SamplingParams, Sequence  # noqa: E402
 
 BLOCK = 16
 

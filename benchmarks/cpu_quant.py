@@ -1,5 +1,5 @@
 """Weight-only int8 on a CPU: decode ms per step with float32 weights, int8 through the C kernel
-(engine/kernels/cpu_int8.py) and int8 dequantized before F.linear (the path without it), side by side in one
+(optladder/engine/kernels/cpu_int8.py) and int8 dequantized before F.linear (the path without it), side by side in one
 run. SmolLM2-135M-Instruct in float32, greedy, EOS ignored, fixed synthetic prompts.
 
 Per batch size B, the three arms take turns (round-robin, --rounds times) so they share the machine's noise;
@@ -22,11 +22,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
-from engine.config import EngineConfig, ModelConfig  # noqa: E402
-from engine.kernels import cpu_int8  # noqa: E402
-from engine.llm_engine import LLMEngine  # noqa: E402
-from engine.quant import model_weight_bytes  # noqa: E402
-from engine.sequence import SamplingParams  # noqa: E402
+from optladder.engine.config import EngineConfig, ModelConfig  # noqa: E402
+from optladder.engine.kernels import cpu_int8  # noqa: E402
+from optladder.engine.llm_engine import LLMEngine  # noqa: E402
+from optladder.engine.quant import model_weight_bytes  # noqa: E402
+from optladder.engine.sequence import SamplingParams  # noqa: E402
 
 ARMS = {"float32": ({}, True), "int8, C kernel": ({"quant_int8": True}, True),
         "int8, dequantize + F.linear": ({"quant_int8": True}, False)}  # name -> (engine fields, C kernel on)

@@ -24,12 +24,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
-from engine.config import EngineConfig, ModelConfig, SpeculativeConfig  # noqa: E402
-from engine.llm_engine import LLMEngine  # noqa: E402
-from engine.sequence import SamplingParams  # noqa: E402
-from engine.tokenizer import chat_token_ids  # noqa: E402
-from quality.prompts import QualityConfig, load_prompt_set  # noqa: E402
-from quality.user_sets import read_user_set  # noqa: E402
+from optladder.engine.config import EngineConfig, ModelConfig, SpeculativeConfig  # noqa: E402
+from optladder.engine.llm_engine import LLMEngine  # noqa: E402
+from optladder.engine.sequence import SamplingParams  # noqa: E402
+from optladder.engine.tokenizer import chat_token_ids  # noqa: E402
+from optladder.quality.prompts import QualityConfig, load_prompt_set  # noqa: E402
+from optladder.quality.user_sets import read_user_set  # noqa: E402
 
 REWRITE = Path(__file__).resolve().parent / "data" / "rewrite_prompts.jsonl"
 

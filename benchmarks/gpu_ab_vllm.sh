@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # The engine A/B on the H200, through run.py only: `+ab=engine_vllm`, the reference engine (control) against
 # `vllm serve` 0.26.0 (candidate), both with every GPU switch on and both over HTTP through the same client
-# (replay.driver=locust puts the reference engine behind serving/server.py; engine=vllm is always HTTP), on
+# (replay.driver=locust puts the reference engine behind optladder/serving/server.py; engine=vllm is always HTTP), on
 # Llama-3-8B's shape with random bf16 weights (vLLM: the shape's config.json + --load-format dummy,
-# backends/vllm_model.py) over the first 500 requests of the Azure conversation trace at its own timestamps.
+# optladder/backends/vllm_model.py) over the first 500 requests of the Azure conversation trace at its own timestamps.
 # Both arms get the same limits: engine.max_model_len=4096, engine.max_num_seqs=256, max_num_batched_tokens
 # 8192 (the default), engine.block_size=16, KV budget engine.kv_cache_gb=60 (GiB; vLLM: --kv-cache-memory-bytes
-# of the same bytes, backends/vllm_args.py). The opts are given to the base command line, not to ab.control, so
+# of the same bytes, optladder/backends/vllm_args.py). The opts are given to the base command line, not to ab.control, so
 # both arms get them: vLLM maps them onto FLASH_ATTN, cudagraph_mode FULL_AND_PIECEWISE (cuda_graphs with
 # piecewise_graphs; FULL_DECODE_ONLY with cuda_graphs alone) and chunked prefill (with them only in the control,
 # vLLM would run its Triton attention without graphs nor chunked prefill). The default OPTS include
@@ -58,7 +58,7 @@
 #   4 stage  carry: .vllm-serve-wheels                              5 start  carry: wheelhouse      6… wait
 # Every call stages the chunks and manifests it brought into /tmp and installs whatever is complete (vLLM before
 # the serve wheels, whose install checks against it), so the folders may be split over the calls in any order.
-# Each start/wait ends by exporting the MLflow runs so far (experiments/runs_transfer.py) and packing the run
+# Each start/wait ends by exporting the MLflow runs so far (optladder/experiments/runs_transfer.py) and packing the run
 # directory, the MLflow store, the export, the vLLM server logs and the logs into $OUT/ab-vllm-<mode>.tgz (15 MiB
 # pieces if larger) plus verdict.json; here: `tar xzf`, then `make import-runs FROM=<unpacked>/mlflow-export`.
 # Settings (environment): TS (1), N (500), OPTS (the opt list), EXTRA (more overrides, e.g.
@@ -195,16 +195,16 @@ import sys
 from pathlib import Path
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
-from experiments.schema import register
-from experiments.ab_run import base_overrides, compose_arm
-from experiments.build import build
-from backends.vllm_args import build_launch
-from backends.vllm_model import model_folder
-from engine.validation import validate_engine
+from optladder.experiments.schema import register
+from optladder.experiments.ab_run import base_overrides, compose_arm
+from optladder.experiments.build import build
+from optladder.backends.vllm_args import build_launch
+from optladder.backends.vllm_model import model_folder
+from optladder.engine.validation import validate_engine
 
 register()
 args = sys.argv[1:]
-with initialize_config_dir(config_dir=str(Path("conf").resolve()), version_base="1.3"):
+with initialize_config_dir(config_dir=str(Path("optladder/conf").resolve()), version_base="1.3"):
     ab = compose(config_name="config", overrides=args).ab
     base = base_overrides(args)
     for name, extra in (("control", list(ab.control)), ("candidate", list(ab.candidate))):
@@ -249,11 +249,11 @@ pack() {  # the runs exported, the state packed into $OUT (at most 8 files of at
   if [ -f "$STATE/mlflow/mlflow.db" ]; then
     local pp=$OSITE
     [ -n "${SMOKE:-}" ] && pp=${PYTHONPATH:-}
-    PYTHONPATH=$pp timeout 120 $PY -m experiments.runs_transfer export \
+    PYTHONPATH=$pp timeout 120 $PY -m optladder.experiments.runs_transfer export \
       --uri "sqlite:///$STATE/mlflow/mlflow.db" --out "$STATE/mlflow-export-new" > "$STATE/logs/export.log" 2>&1 \
       && rm -rf "$STATE/mlflow-export" && mv "$STATE/mlflow-export-new" "$STATE/mlflow-export"
   fi
-  # the vLLM server logs (backends/vllm_server.py writes them under /tmp/optladder-vllm-*)
+  # the vLLM server logs (optladder/backends/vllm_server.py writes them under /tmp/optladder-vllm-*)
   mkdir -p "$STATE/vllm-logs" && cp /tmp/optladder-vllm-*/vllm-*.log "$STATE/vllm-logs/" 2>/dev/null
   rm -f "$OUT"/ab-vllm-*.tgz*
   tar czf "$OUT/ab-vllm-$MODE.tgz" -C "$STATE" --exclude=./cache --exclude=./mlflow-export-new .

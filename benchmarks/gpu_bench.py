@@ -12,7 +12,7 @@ a markdown table.
 4. decode step at batch 1/8/32/64 on llama3_8b_shape (bf16, random weights, 1024-token contexts), paged
    and contiguous KV, eager vs CUDA graphs (with and without the fused kernels and the skinny GEMM),
    each against the floor of reading the weights and the KV once at the measured bandwidth;
-5. greedy outputs of SmolLM2 (bf16) with each switch of engine/opts.py alone and all on, on 32 builtin
+5. greedy outputs of SmolLM2 (bf16) with each switch of optladder/engine/opts.py alone and all on, on 32 builtin
    prompts (gpubench/smollm2.py);
 6. the report (gpubench/report.py; `python benchmarks/gpu_bench.py --report gpu_bench.json` redraws it
    from saved results on any machine).
@@ -35,8 +35,8 @@ from gpubench.report import markdown  # noqa: E402
 def run(out: Path, smollm2_cache: str | None, skip: set[str]) -> None:
     import torch
 
-    from engine.loader import load_model
-    from engine.model_runner import kv_bytes_per_token
+    from optladder.engine.loader import load_model
+    from optladder.engine.model_runner import kv_bytes_per_token
     from gpubench import checks, llama
     from gpubench.harness import BF16, DEV, RESULTS, copy_bandwidth, environment, log, save, section
     from gpubench.smollm2 import smollm2_greedy
@@ -54,12 +54,12 @@ def run(out: Path, smollm2_cache: str | None, skip: set[str]) -> None:
                                   "weights_read_per_decode_step_bytes": llama.weights_read_bytes(model),
                                   "kv_bytes_per_token": kv_bytes_per_token(model, BF16)}
     if "check_decode_step" not in skip:
-        section("check_decode_step", out)(lambda: llama.decode_step_equivalence(model))
+        section("check_decode_step", out)(lambda: llama.decode_step_equivalence(model))  # noqa: F821 (run before the del below)
     if "prefill" not in skip:
-        section("prefill", out)(lambda: llama.prefill_bench(model))
+        section("prefill", out)(lambda: llama.prefill_bench(model))  # noqa: F821 (run before the del below)
     bw = RESULTS["bandwidth"].get("tb_s", 4.3)
     if "decode" not in skip:
-        section("decode", out)(lambda: llama.decode_bench(model, bw))
+        section("decode", out)(lambda: llama.decode_bench(model, bw))  # noqa: F821 (run before the del below)
     del model
     torch.cuda.empty_cache()
     if smollm2_cache and "smollm2" not in skip:

@@ -1,4 +1,4 @@
-"""The varlen attention kernel of chunked prefill (engine/kernels/paged_prefill.py) on a GPU: checked against
+"""The varlen attention kernel of chunked prefill (optladder/engine/kernels/paged_prefill.py) on a GPU: checked against
 float64 with a poisoned output, then timed against what it replaces, side by side in one run.
 
 Shapes: Llama-3-8B's attention (32 heads, 8 KV heads, head_dim 128), bf16, blocks of 16 tokens.
@@ -21,10 +21,10 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from engine.attention import gather_kv  # noqa: E402
-from engine.kernels.paged_decode import paged_decode_attention  # noqa: E402
-from engine.kernels.paged_prefill import block_q, paged_prefill_attention, tile_list  # noqa: E402
-from engine.kernels.reference import paged_prefill_reference, rel_error  # noqa: E402
+from optladder.engine.attention import gather_kv  # noqa: E402
+from optladder.engine.kernels.paged_decode import paged_decode_attention  # noqa: E402
+from optladder.engine.kernels.paged_prefill import block_q, paged_prefill_attention, tile_list  # noqa: E402
+from optladder.engine.kernels.reference import paged_prefill_reference, rel_error  # noqa: E402
 
 H, KVH, D, BS = 32, 8, 128, 16
 DEV = torch.device("cuda")

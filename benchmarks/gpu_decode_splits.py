@@ -2,7 +2,7 @@
 heads, 8 KV heads, head dim 128, bf16, blocks of 16 tokens, block tables as wide as max_model_len 8,192, as the
 CUDA-graph path passes them). Contexts drawn from the Azure conversation trace's first 500 requests (prompt clipped
 to 4,096 tokens plus a uniform part of its answer, as a decode step at 4x sees them). For each batch: the split
-count the heuristic picks (engine/kernels/paged_decode.py, num_splits) and the time of one layer's call at each
+count the heuristic picks (optladder/engine/kernels/paged_decode.py, num_splits) and the time of one layer's call at each
 split count, median of 50 calls (CUDA events), with the bandwidth the K/V reads reach; the outputs of every split
 count checked equal to one split's. Why: at 4x on the H200 our decode-only steps of 17-32 rows took 9.3 ms (median)
 against vLLM's 6.0 ms, and 7.8 ms at 33-48 rows: the graph bucket of 32 rows gets 1 split (256 programs >= 132 SMs)
@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from engine.kernels.paged_decode import _num_sms, num_splits, paged_decode_attention  # noqa: E402
+from optladder.engine.kernels.paged_decode import _num_sms, num_splits, paged_decode_attention  # noqa: E402
 
 HEADS, KV_HEADS, HEAD_DIM, BLOCK, MAX_LEN = 32, 8, 128, 16, 8192
 BATCHES = (8, 16, 17, 24, 32, 48, 64, 96, 128, 192)

@@ -16,7 +16,7 @@
 #   2  bash benchmarks/gpu_ladder.sh resume   carry: .gpu-data
 # If the machine went back between the calls: unpack call 1's ladder-first.tgz into .stage/ladder-state here and
 #   2' FROM=.stage/ladder-state bash benchmarks/gpu_ladder.sh resume   carry: wheelhouse .gpu-data .stage/ladder-state
-# Each call ends by exporting the MLflow runs so far (experiments/runs_transfer.py) and packing the newest run
+# Each call ends by exporting the MLflow runs so far (optladder/experiments/runs_transfer.py) and packing the newest run
 # directory, the MLflow store (with its artifacts), the export and the logs into
 # $OUT/ladder-<mode>.tgz; here, after `tar xzf` of the last one, the runs join this tracking store with
 # `make import-runs FROM=<unpacked>/mlflow-export` (again after a later call: runs already there are skipped).
@@ -239,7 +239,7 @@ else
   name=$(next_resume)
   ladder "$name" ladder.resume_from="$last"
 fi
-$PY -m experiments.runs_transfer export --uri "sqlite:///$STATE/mlflow/mlflow.db" --out "$STATE/mlflow-export-new" \
+$PY -m optladder.experiments.runs_transfer export --uri "sqlite:///$STATE/mlflow/mlflow.db" --out "$STATE/mlflow-export-new" \
   && rm -rf "$STATE/mlflow-export" && mv "$STATE/mlflow-export-new" "$STATE/mlflow-export"
 # what comes back is at most 8 files of at most 16 MiB: one archive (the run directories, the exported runs, the
 # logs, the store), in 15 MiB pieces if larger, and this call's ladder report

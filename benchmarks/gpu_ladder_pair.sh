@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # Does the GPU ladder reproduce? Two copies of the same ladder at once on a two-GPU host (kind nvidia-h200-x2), each
 # from its own copy of this checkout, on its own GPU, with its own ladder directory, MLflow store and converted
-# model: two independent runs in one session's device time, then experiments/ladder_compare.py on the two (the same
+# model: two independent runs in one session's device time, then optladder/experiments/ladder_compare.py on the two (the same
 # settings, the same verdict at every rung, each headline metric within noise). Both copies share the host's CPUs,
 # so this says what two runs of the README's commands give on one machine; a run in another session, on another
-# machine, compares the same way (`python -m experiments.ladder_compare A B` here).
+# machine, compares the same way (`python -m optladder.experiments.ladder_compare A B` here).
 # Device calls (kind nvidia-h200-x2), back to back on one warm machine, as for benchmarks/gpu_ladder.sh:
 #   1  bash benchmarks/gpu_ladder.sh stage                  carry: wheelhouse .stage/mei   (installs into /tmp)
 #   2  bash benchmarks/gpu_ladder.sh stage                  carry: .stage/a
@@ -108,7 +108,7 @@ if ! running a && ! running b && [ -f "$COPIES/optladder-ladder-a/rc" ] && [ -f 
   [ -n "${SMOKE:-}" ] || export PYTHONPATH=/tmp/site-optladder  # the wheelhouse's install (gpu_ladder.sh stage)
   name_a=$(cat "$COPIES/optladder-ladder-a/detached-name" 2>/dev/null || echo first)
   name_b=$(cat "$COPIES/optladder-ladder-b/detached-name" 2>/dev/null || echo first)
-  $PY -m experiments.ladder_compare "$COPIES/optladder-ladder-a/$name_a" "$COPIES/optladder-ladder-b/$name_b" \
+  $PY -m optladder.experiments.ladder_compare "$COPIES/optladder-ladder-a/$name_a" "$COPIES/optladder-ladder-b/$name_b" \
     > "$OUT/compare.md" 2>&1
   echo "comparison ($PY -m experiments.ladder_compare): exit status $?" | tee -a "$OUT/status.txt"
   cat "$OUT/compare.md"

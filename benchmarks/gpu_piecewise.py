@@ -76,9 +76,9 @@ def micro(engine, pieces, shapes: list[str], profile_shape: str, out: Path) -> d
     import torch
     from torch.profiler import ProfilerActivity, profile
 
-    from engine.model import DecodeKernels
-    from engine.piecewise import PiecewiseGraphRunner
-    from engine.sequence import SamplingParams
+    from optladder.engine.model import DecodeKernels
+    from optladder.engine.piecewise import PiecewiseGraphRunner
+    from optladder.engine.sequence import SamplingParams
 
     runner = engine.runner
     fused_kernels = runner.kernels
@@ -169,7 +169,7 @@ def main() -> int:
     engine, init_s = sv.our_engine(chunked=True, piecewise=True)
     pieces = engine.runner.piecewise
     if pieces is None:
-        from engine.piecewise import PiecewiseGraphRunner
+        from optladder.engine.piecewise import PiecewiseGraphRunner
 
         assert not cuda
         pieces = PiecewiseGraphRunner(engine.model, engine.device, 64, 0, capture=False)  # never attached
@@ -181,7 +181,7 @@ def main() -> int:
                init_s=round(init_s, 1), opts=engine.enabled_opts, piecewise_capture_s=round(pieces.capture_s, 1),
                piecewise_graphs=sum(map(len, pieces.graphs.values())), runs=[])
     save()
-    from engine.sequence import SamplingParams
+    from optladder.engine.sequence import SamplingParams
 
     def generate(ps, n):
         seqs = engine.generate(ps, SamplingParams(max_tokens=n, ignore_eos=True))

@@ -1,6 +1,6 @@
 """Quantization on one GPU, in one run (benchmarks/gpu_quant.sh on the H200; results under --out):
 
-1. kernels against float64: the weight-quantized skinny GEMM of engine/kernels/wq_gemv.py (int8 and fp8
+1. kernels against float64: the weight-quantized skinny GEMM of optladder/engine/kernels/wq_gemv.py (int8 and fp8
    weights, Llama-3-8B's decode shapes) and the fp8 prefill product (torch._scaled_mm, per-token scales);
 2. llama3_8b_shape (random bf16 weights), the engine's decode setting (paged KV, flash attention, continuous
    batching, CUDA graphs): decode ms per step at batch 1, 8 and 32 for bf16, quant_fp8 and quant_int8
@@ -36,18 +36,18 @@ import torch  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from abtest.gates import GateConfig  # noqa: E402
-from abtest.teacher_forced import intervals, teacher_forced_checks  # noqa: E402
-from backends.engines import ReferenceBackend  # noqa: E402
-from engine.block_manager import BlockManager  # noqa: E402
-from engine.config import EngineConfig, ModelConfig  # noqa: E402
-from engine.llm_engine import LLMEngine  # noqa: E402
-from engine.quant import dequantize_rows, quantize_rows, scaled_mm_fp8  # noqa: E402
-from engine.sequence import SamplingParams, Sequence  # noqa: E402
-from engine.tokenizer import chat_token_ids  # noqa: E402
-from experiments.teacher_forced_run import score_pair  # noqa: E402
-from quality.prompts import QualityConfig, load_prompt_set  # noqa: E402
-from quality.teacher_forced import TokenLogprobs, to_metrics  # noqa: E402
+from optladder.abtest.gates import GateConfig  # noqa: E402
+from optladder.abtest.teacher_forced import intervals, teacher_forced_checks  # noqa: E402
+from optladder.backends.engines import ReferenceBackend  # noqa: E402
+from optladder.engine.block_manager import BlockManager  # noqa: E402
+from optladder.engine.config import EngineConfig, ModelConfig  # noqa: E402
+from optladder.engine.llm_engine import LLMEngine  # noqa: E402
+from optladder.engine.quant import dequantize_rows, quantize_rows, scaled_mm_fp8  # noqa: E402
+from optladder.engine.sequence import SamplingParams, Sequence  # noqa: E402
+from optladder.engine.tokenizer import chat_token_ids  # noqa: E402
+from optladder.experiments.teacher_forced_run import score_pair  # noqa: E402
+from optladder.quality.prompts import QualityConfig, load_prompt_set  # noqa: E402
+from optladder.quality.teacher_forced import TokenLogprobs, to_metrics  # noqa: E402
 
 LLAMA8B = ModelConfig(name="llama3_8b_shape", source="random", package=None, gguf_file=None, tokenizer="synthetic",
                       vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
@@ -98,7 +98,7 @@ def rel_error(out: torch.Tensor, ref: torch.Tensor) -> float:
 # --- 1. kernels ---
 
 def kernel_checks(device: torch.device) -> list[dict]:
-    from engine.kernels.wq_gemv import wq_linear
+    from optladder.engine.kernels.wq_gemv import wq_linear
 
     rows, gen = [], torch.Generator(device=device).manual_seed(0)
     shapes = ((6144, 4096), (4096, 4096), (2 * 14336, 4096), (4096, 14336), (960, 576))
@@ -130,7 +130,7 @@ def kernel_speed() -> list[dict]:
     M = 1 (the one-row kernel and the dot kernel, each autotuned) and M = 32, as the weight bytes read per
     second (GB/s). Each call reads the next of several copies of its weight (at least L2_FLUSH_BYTES in all),
     so no call finds its weight in the 50 MB L2, as in a decode step that reads every layer once."""
-    from engine.kernels.wq_gemv import wq_linear
+    from optladder.engine.kernels.wq_gemv import wq_linear
 
     def timed(fn, copies: int) -> float:
         """50 calls captured in one CUDA graph (no Python launch cost, as in the engine's graph-replayed
@@ -378,7 +378,7 @@ def main() -> None:
         section("kernel_speed", args.out, kernel_speed)
     else:
         run_all(args, device)
-    from engine.kernels.wq_gemv import chosen_configs
+    from optladder.engine.kernels.wq_gemv import chosen_configs
 
     RESULTS["wq_gemv_configs"] = chosen_configs()
     (args.out / "gpu_quant.json").write_text(json.dumps(RESULTS, indent=1, default=str))

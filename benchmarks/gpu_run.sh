@@ -4,7 +4,7 @@
 # SmolLM2's 98 MB GGUF file does not fit one call's 64 MiB, so it travels in pieces (benchmarks/stage_smollm2.sh:
 # .stage/a, .stage/b, .stage/c): earlier calls on the same warm machine copy .stage/a, then .stage/b, to /tmp/stage
 # (`bash benchmarks/gpu_run.sh stage`, carrying one each); this call carries .stage/c, joins the pieces
-# (benchmarks/gpu_smollm2.sh) and lets engine/loader.py convert the file as it does on any machine. Without the
+# (benchmarks/gpu_smollm2.sh) and lets optladder/engine/loader.py convert the file as it does on any machine. Without the
 # pieces the SmolLM2 section is skipped and the rest still runs.
 set -uo pipefail
 cd "$(dirname "$0")/.."

@@ -154,8 +154,8 @@ def our_engine(chunked: bool, piecewise: bool = False):
     import torch
 
     sys.path.insert(0, str(ROOT))
-    from engine.config import EngineConfig, ModelConfig
-    from engine.llm_engine import LLMEngine
+    from optladder.engine.config import EngineConfig, ModelConfig
+    from optladder.engine.llm_engine import LLMEngine
 
     mcfg = ModelConfig(name="llama3_8b_shape_v49k", source="random", package=None, gguf_file=None,
                        tokenizer="synthetic", tie_word_embeddings=False, **SHAPE)
@@ -181,7 +181,7 @@ def replay_ours(engine, reqs, scale: float, profile_dir: Path | None = None, pro
     the profiler's trace is prepared before the replay starts and records only those steps (not a measurement
     all the same: the seconds spent in the profiler's calls during the replay are in `profiler_stall_s`, the
     steps it recorded in `profiled_step_numbers`)."""
-    from engine.sequence import SamplingParams
+    from optladder.engine.sequence import SamplingParams
 
     from torch.profiler import record_function
 
@@ -312,7 +312,7 @@ def worker_ours(args) -> dict:
     res["init_s"] = round(init_s, 1)
     sync = (lambda: None) if TINY else torch.cuda.synchronize
 
-    from engine.sequence import SamplingParams
+    from optladder.engine.sequence import SamplingParams
 
     def generate(ps, n):
         seqs = engine.generate(ps, SamplingParams(max_tokens=n, ignore_eos=True))
@@ -416,11 +416,9 @@ class VllmSteps:
 
 
 def worker_vllm(args) -> dict:
-    for k, v in dict(VLLM_NO_USAGE_STATS="1", DO_NOT_TRACK="1", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
-                     VLLM_USE_FLASHINFER_SAMPLER="0").items():
-        os.environ.setdefault(k, v)
-    import shutil
+    from gpubench.vllm_model import offline_env, random_llama_dir
 
+    offline_env()
     import vllm
     from vllm import SamplingParams
     from vllm.engine.arg_utils import AsyncEngineArgs
@@ -428,14 +426,7 @@ def worker_vllm(args) -> dict:
     from vllm.sampling_params import RequestOutputKind
     from vllm.v1.engine.async_llm import AsyncLLM
 
-    model_dir = Path("/tmp/gpu_serving_model")
-    model_dir.mkdir(exist_ok=True)
-    cfg = dict(architectures=["LlamaForCausalLM"], model_type="llama", rms_norm_eps=1e-5, hidden_act="silu",
-               attention_bias=False, mlp_bias=False, tie_word_embeddings=False, bos_token_id=1, eos_token_id=2,
-               torch_dtype="bfloat16", **SHAPE)
-    (model_dir / "config.json").write_text(json.dumps(cfg, indent=1))
-    for name in ("tokenizer.json", "tokenizer_config.json"):
-        shutil.copy(Path(args.tok_dir) / name, model_dir / name)
+    model_dir = random_llama_dir(Path("/tmp/gpu_serving_model"), SHAPE, args.tok_dir)
     reqs = load_requests(args.requests)
     loop = asyncio.new_event_loop()
     asyncio.set_event_loop(loop)

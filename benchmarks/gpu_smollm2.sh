@@ -1,6 +1,6 @@
 # Sourced by the GPU scripts: SmolLM2's GGUF joined from its pieces (benchmarks/stage_smollm2.sh: .stage/a with
 # gguf.part0, .stage/b with gguf.part1, gguf.sha256 and the pure-Python gguf wheel, .stage/c with gguf.part2; an
-# older staging has two pieces, a and b), checked against its sha256 and put where engine/loader.py finds it.
+# older staging has two pieces, a and b), checked against its sha256 and put where optladder/engine/loader.py finds it.
 # Each call carries some of the pieces: first they are copied to /tmp/stage, where those of earlier calls on the same
 # warm machine wait; with SMOLLM2_STAGE_ONLY=1 (the scripts' `stage` modes) that is all. Then the pieces in /tmp/stage
 # are joined in order. Sets SMOL=(--smollm2-cache DIR), or leaves it empty (SmolLM2 skipped, saying what is missing).

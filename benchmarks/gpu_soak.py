@@ -1,6 +1,6 @@
 """The soak on a GPU, in one device call and without Hydra, MLflow or locust (the GPU image has none of
 them): the reference engine with every lossless switch on, behind its HTTP server, fed the builtin workload
-in a loop for --minutes, 5% bad requests mixed in, the stdlib thread client; the gates of abtest/soak.py
+in a loop for --minutes, 5% bad requests mixed in, the stdlib thread client; the gates of optladder/abtest/soak.py
 (device memory slope included). Writes soak.json, soak.md, soak.png, requests.jsonl and bad_requests.jsonl
 under --out. Run by benchmarks/gpu_soak.sh; on a CPU, `--device cpu --model tiny --minutes 1` checks it.
 """
@@ -20,19 +20,19 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 import yaml  # noqa: E402
 
-from abtest.soak import SoakConfig  # noqa: E402
-from backends.engines import ReferenceBackend  # noqa: E402
-from engine.config import EngineConfig, ModelConfig  # noqa: E402
-from experiments.soak_core import soak_replay  # noqa: E402
-from traffic.request import Request  # noqa: E402
-from traffic.workload import WorkloadConfig, build_workload  # noqa: E402
+from optladder.abtest.soak import SoakConfig  # noqa: E402
+from optladder.backends.engines import ReferenceBackend  # noqa: E402
+from optladder.engine.config import EngineConfig, ModelConfig  # noqa: E402
+from optladder.experiments.soak_core import soak_replay  # noqa: E402
+from optladder.traffic.request import Request  # noqa: E402
+from optladder.traffic.workload import WorkloadConfig, build_workload  # noqa: E402
 
 
 def parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--minutes", type=float, default=8.0)
-    ap.add_argument("--model", default="llama3_8b_shape", help="a conf/model/*.yaml name")
+    ap.add_argument("--model", default="llama3_8b_shape", help="a optladder/conf/model/*.yaml name")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--rate", type=float, default=8.0, help="requests per second of the workload")
     ap.add_argument("--num-requests", type=int, default=256, help="per pass of the loop")
@@ -45,7 +45,7 @@ def parse_args() -> argparse.Namespace:
 def main() -> int:
     args = parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
-    fields = yaml.safe_load((ROOT / "conf" / "model" / f"{args.model}.yaml").read_text())
+    fields = yaml.safe_load((ROOT / "optladder" / "conf" / "model" / f"{args.model}.yaml").read_text())
     model = ModelConfig(**fields)
     gpu = args.device == "cuda"
     engine_cfg = EngineConfig(device=args.device, max_model_len=args.max_model_len, kv_cache_gb=args.kv_cache_gb,

@@ -34,12 +34,12 @@ import torch  # noqa: E402
 
 import cpu_spec  # noqa: E402
 import gpu_serving_vs_vllm as serving  # noqa: E402
-from engine.config import EngineConfig, ModelConfig, SpeculativeConfig  # noqa: E402
-from engine.llm_engine import LLMEngine  # noqa: E402
-from engine.sequence import SamplingParams  # noqa: E402
-from engine.tokenizer import chat_token_ids  # noqa: E402
-from quality.prompts import QualityConfig, load_prompt_set  # noqa: E402
-from quality.user_sets import read_user_set  # noqa: E402
+from optladder.engine.config import EngineConfig, ModelConfig, SpeculativeConfig  # noqa: E402
+from optladder.engine.llm_engine import LLMEngine  # noqa: E402
+from optladder.engine.sequence import SamplingParams  # noqa: E402
+from optladder.engine.tokenizer import chat_token_ids  # noqa: E402
+from optladder.quality.prompts import QualityConfig, load_prompt_set  # noqa: E402
+from optladder.quality.user_sets import read_user_set  # noqa: E402
 
 
 def log(*a) -> None:

@@ -25,13 +25,13 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from backends.engines import ReferenceBackend  # noqa: E402
-from backends.profiling import ProfileConfig  # noqa: E402
-from engine.config import EngineConfig, ModelConfig  # noqa: E402
-from engine.loader import model_shape  # noqa: E402
-from experiments.kv_plan import GIB, kv_budget, plan_kv  # noqa: E402
-from traffic.replay_config import Pacing, ReplayConfig  # noqa: E402
-from traffic.workload import WorkloadConfig, build_workload  # noqa: E402
+from optladder.backends.engines import ReferenceBackend  # noqa: E402
+from optladder.backends.profiling import ProfileConfig  # noqa: E402
+from optladder.engine.config import EngineConfig, ModelConfig  # noqa: E402
+from optladder.engine.loader import model_shape  # noqa: E402
+from optladder.experiments.kv_plan import GIB, kv_budget, plan_kv  # noqa: E402
+from optladder.traffic.replay_config import Pacing, ReplayConfig  # noqa: E402
+from optladder.traffic.workload import WorkloadConfig, build_workload  # noqa: E402
 
 LLAMA3_8B_SHAPE = dict(name="llama3_8b_shape", source="random", package=None, gguf_file=None, tokenizer="synthetic",
                        vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,

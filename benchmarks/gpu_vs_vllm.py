@@ -84,9 +84,9 @@ def worker_ours() -> dict:
     import torch
 
     sys.path.insert(0, str(ROOT))
-    from engine.config import EngineConfig, ModelConfig
-    from engine.llm_engine import LLMEngine
-    from engine.sequence import SamplingParams
+    from optladder.engine.config import EngineConfig, ModelConfig
+    from optladder.engine.llm_engine import LLMEngine
+    from optladder.engine.sequence import SamplingParams
 
     mcfg = ModelConfig(name="llama3_8b_shape_v49k", source="random", package=None, gguf_file=None,
                        tokenizer="synthetic", tie_word_embeddings=False, **SHAPE)
@@ -115,23 +115,14 @@ def worker_ours() -> dict:
 
 
 def worker_vllm(tok_dir: str) -> dict:
-    for k, v in dict(VLLM_NO_USAGE_STATS="1", DO_NOT_TRACK="1", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
-                     VLLM_USE_FLASHINFER_SAMPLER="0").items():
-        os.environ.setdefault(k, v)
-    import shutil
+    from gpubench.vllm_model import offline_env, random_llama_dir
 
+    offline_env()
     import vllm
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
-    model_dir = Path("/tmp/gpu_vs_vllm_model")
-    model_dir.mkdir(exist_ok=True)
-    cfg = dict(architectures=["LlamaForCausalLM"], model_type="llama", rms_norm_eps=1e-5, hidden_act="silu",
-               attention_bias=False, mlp_bias=False, tie_word_embeddings=False, bos_token_id=1, eos_token_id=2,
-               torch_dtype="bfloat16", **SHAPE)
-    (model_dir / "config.json").write_text(json.dumps(cfg, indent=1))
-    for name in ("tokenizer.json", "tokenizer_config.json"):
-        shutil.copy(Path(tok_dir) / name, model_dir / name)
+    model_dir = random_llama_dir(Path("/tmp/gpu_vs_vllm_model"), SHAPE, tok_dir)
     t = time.perf_counter()
     extra = dict(kv_cache_memory_bytes=1 << 30, enforce_eager=True) if TINY else dict(gpu_memory_utilization=0.5)
     llm = LLM(model=str(model_dir), load_format="dummy", dtype="bfloat16", max_model_len=MAX_LEN,

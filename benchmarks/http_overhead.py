@@ -1,5 +1,5 @@
 """What the HTTP path adds, at a few hundred open streams: the same workload replayed by the in-process driver
-and over HTTP (the locust driver, in its own process) against the stdlib server (serving/server.py) and an
+and over HTTP (the locust driver, in its own process) against the stdlib server (optladder/serving/server.py) and an
 ASGI one (benchmarks/asgi_server.py: Starlette under uvicorn, as vLLM runs), side by side in one run.
 
     .venv/bin/python benchmarks/http_overhead.py --out benchmarks/results/http_overhead
@@ -30,15 +30,15 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 import torch  # noqa: E402
 
 import asgi_server  # noqa: E402
-from engine.config import EngineConfig, ModelConfig  # noqa: E402
-from engine.llm_engine import LLMEngine  # noqa: E402
-from engine.sequence import SamplingParams  # noqa: E402
-from serving import server as stdlib_server  # noqa: E402
-from traffic.http_driver import replay_http  # noqa: E402
-from traffic.metrics import compute_metrics  # noqa: E402
-from traffic.replay import InProcessDriver  # noqa: E402
-from traffic.replay_config import Pacing, ReplayConfig  # noqa: E402
-from traffic.request import Request  # noqa: E402
+from optladder.engine.config import EngineConfig, ModelConfig  # noqa: E402
+from optladder.engine.llm_engine import LLMEngine  # noqa: E402
+from optladder.engine.sequence import SamplingParams  # noqa: E402
+from optladder.serving import server as stdlib_server  # noqa: E402
+from optladder.traffic.http_driver import replay_http  # noqa: E402
+from optladder.traffic.metrics import compute_metrics  # noqa: E402
+from optladder.traffic.replay import InProcessDriver  # noqa: E402
+from optladder.traffic.replay_config import Pacing, ReplayConfig  # noqa: E402
+from optladder.traffic.request import Request  # noqa: E402
 
 TINY = ModelConfig(name="tiny", source="random", package=None, gguf_file=None, tokenizer="smollm2",
                    hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,

@@ -1,6 +1,6 @@
 """Mutation testing with mutmut over the bookkeeping the project's numbers rest on: small bugs planted one at
 a time (an operator flipped, a constant changed, an argument dropped) in traffic/, abtest/,
-quality/scoring.py and the engine's block manager and scheduler; each must make a fast test fail.
+optladder/quality/scoring.py and the engine's block manager and scheduler; each must make a fast test fail.
 
     .venv/bin/python benchmarks/mutation.py                      # every group; results/mutation.md
     .venv/bin/python benchmarks/mutation.py abtest scoring       # some groups
@@ -29,7 +29,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
-PACKAGES = ["engine", "serving", "backends", "traffic", "quality", "abtest", "experiments", "conf", "run.py"]
+PACKAGES = ["optladder", "hydra_plugins", "run.py"]
 
 
 @dataclass
@@ -53,9 +53,9 @@ QUIET_FUNCTIONS = [r"^def \w+_chart\("]
 
 
 GROUPS = {
-    "block_manager": Group(["engine/block_manager.py"], ["tests/test_block_manager.py",
+    "block_manager": Group(["optladder/engine/block_manager.py"], ["tests/test_block_manager.py",
                                                          "tests/test_block_manager_cache.py"]),
-    "scheduler": Group(["engine/scheduler.py"], ["tests/test_scheduler.py"]),
+    "scheduler": Group(["optladder/engine/scheduler.py"], ["tests/test_scheduler.py"]),
     "traffic": Group(
         ["traffic/"],
         ["tests/test_metrics.py", "tests/test_sampling.py", "tests/test_traces.py", "tests/test_capacity.py",
@@ -63,13 +63,13 @@ GROUPS = {
          "tests/test_http_driver.py::test_payload_sends_token_ids_and_asks_for_exact_lengths",
          "tests/test_http_driver.py::test_bad_config_is_refused", "tests/test_load_levels.py",
          "tests/test_replay_config.py"],
-        skip=["traffic/http_driver.py", "traffic/locust_worker.py", "traffic/replay.py", "traffic/thread_client.py",
-              "traffic/bad_requests.py"],
+        skip=["optladder/traffic/http_driver.py", "optladder/traffic/locust_worker.py", "optladder/traffic/replay.py", "optladder/traffic/thread_client.py",
+              "optladder/traffic/bad_requests.py"],
         why="the HTTP clients (the locust driver and its worker, the thread client, the bad-request sender) run "
             "against a live server (their tests take minutes and mutmut cannot see which test reaches which "
             "function in another process; tests/test_soak.py runs them end to end); the in-process driver has "
             "its own group, `replay`, since each of its mutants needs a real engine"),
-    "replay": Group(["traffic/replay.py"], ["tests/test_replay.py"], forkserver=True),
+    "replay": Group(["optladder/traffic/replay.py"], ["tests/test_replay.py"], forkserver=True),
     "abtest": Group(["abtest/"], ["tests/test_gates.py", "tests/test_abtest_stats.py", "tests/test_verdict.py",
                                   "tests/test_gate_config.py", "tests/test_paired_stats.py", "tests/test_rollout.py",
                                   "tests/test_lossless.py", "tests/test_ladder.py", "tests/test_soak.py",
@@ -83,7 +83,7 @@ GROUPS = {
                                   "--deselect", "tests/test_soak.py::test_every_soak_config_composes",
                                   "--deselect",
                                   "tests/test_teacher_forced.py::test_real_engines_identical_measure_zero_and_damaged_fail"]),
-    "scoring": Group(["quality/scoring.py"], ["tests/test_quality.py"]),
+    "scoring": Group(["optladder/quality/scoring.py"], ["tests/test_quality.py"]),
 }
 
 

@@ -16,13 +16,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
-from engine.config import EngineConfig, ModelConfig  # noqa: E402
-from engine.llm_engine import LLMEngine  # noqa: E402
-from engine.loader import load_tokenizer  # noqa: E402
-from engine.opts import switch_configs  # noqa: E402
-from engine.sequence import SamplingParams  # noqa: E402
-from engine.tokenizer import chat_token_ids  # noqa: E402
-from quality.prompts import QualityConfig, load_prompt_set  # noqa: E402
+from optladder.engine.config import EngineConfig, ModelConfig  # noqa: E402
+from optladder.engine.llm_engine import LLMEngine  # noqa: E402
+from optladder.engine.loader import load_tokenizer  # noqa: E402
+from optladder.engine.opts import switch_configs  # noqa: E402
+from optladder.engine.sequence import SamplingParams  # noqa: E402
+from optladder.engine.tokenizer import chat_token_ids  # noqa: E402
+from optladder.quality.prompts import QualityConfig, load_prompt_set  # noqa: E402
 
 
 # chunked prefill with a budget small enough that every prompt of the set is split (max_num_seqs must fit it)

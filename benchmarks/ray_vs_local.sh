@@ -13,7 +13,7 @@ PY=${PY:-.venv/bin/python}
 PORT=${PORT:-5077}
 OUTMD=${1:-benchmarks/results/ray_vs_local_cpu.md}
 DIR=$(mktemp -d /tmp/ray_vs_local.XXXX)
-$PY -m experiments.tracking_server --backend-store-uri "sqlite:///$DIR/mlflow.db" \
+$PY -m optladder.experiments.tracking_server --backend-store-uri "sqlite:///$DIR/mlflow.db" \
     --artifacts-destination "$DIR/artifacts" --port "$PORT" --workers 1 > "$DIR/server.log" 2>&1 &
 SERVER=$!
 trap 'kill $SERVER 2>/dev/null; wait $SERVER 2>/dev/null' EXIT

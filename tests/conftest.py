@@ -9,10 +9,10 @@ import pytest
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 
-from experiments.schema import register
+from optladder.experiments.schema import register
 
 ROOT = Path(__file__).resolve().parents[1]
-CONF = ROOT / "conf"
+CONF = ROOT / "optladder" / "conf"
 CHEAP = ["model=tiny", "workload.num_requests=6", "workload.rate=20", "quality.num_prompts=3",
          "quality.max_new_tokens=8", "replay.progress=false", "replay.warmup_requests=1",
          "engine.kv_cache_gb=0.05", "engine.max_model_len=1024", "tracking.system_metrics=false"]

@@ -58,10 +58,10 @@ def postgres_cluster(db: str = "mlflow"):
 
 @contextmanager
 def mlflow_server(backend: str, artifacts: Path, workers: int = 2, timeout_s: float = 300.0):
-    """`python -m experiments.tracking_server` (what `make mlflow-server` runs); yields its http URI."""
+    """`python -m optladder.experiments.tracking_server` (what `make mlflow-server` runs); yields its http URI."""
     port = free_port()
     log = open(artifacts.parent / f"mlflow-server-{port}.log", "w")
-    proc = subprocess.Popen([sys.executable, "-m", "experiments.tracking_server", "--backend-store-uri", backend,
+    proc = subprocess.Popen([sys.executable, "-m", "optladder.experiments.tracking_server", "--backend-store-uri", backend,
                              "--artifacts-destination", str(artifacts), "--port", str(port),
                              "--workers", str(workers)], cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
                             start_new_session=True)

@@ -11,9 +11,9 @@ from conftest import CHEAP, CONF
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 
-from abtest.sweep import summarize, summary_markdown
-from experiments.ab_run import run_ab
-from experiments.schema import register
+from optladder.abtest.sweep import summarize, summary_markdown
+from optladder.experiments.ab_run import run_ab
+from optladder.experiments.schema import register
 
 FAST = [*CHEAP, "workload.num_requests=12", "tracking.enabled=false", "quality.num_prompts=10",
         "engine.cpu_threads=1"]

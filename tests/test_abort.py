@@ -5,9 +5,9 @@ import pytest
 from test_scheduler import add, make, step
 from test_server import TINY
 
-from engine.config import EngineConfig
-from engine.llm_engine import LLMEngine
-from engine.sequence import SamplingParams, SeqStatus
+from optladder.engine.config import EngineConfig
+from optladder.engine.llm_engine import LLMEngine
+from optladder.engine.sequence import SamplingParams, SeqStatus
 
 
 @pytest.mark.parametrize("dynamic", [False, True])
@@ -79,7 +79,7 @@ def test_engine_abort_request_mid_decode(paged):
 
 
 def test_abort_request_drops_the_speculators_state_of_the_sequence():
-    from engine.config import SpeculativeConfig
+    from optladder.engine.config import SpeculativeConfig
 
     engine = LLMEngine(TINY, EngineConfig(device="cpu", max_model_len=256, kv_cache_gb=0.05, paged_kv=True,
                                           dynamic_batching=True, speculative=SpeculativeConfig("ngram")))

@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 from scipy import stats as sps
 
-from abtest.run_pairs import align_runs, pair_interval, run_noise_from_aa, t_interval
-from abtest.stats import Interval, bootstrap_mean_delta
-from traffic.request import RequestRecord
+from optladder.abtest.run_pairs import align_runs, pair_interval, run_noise_from_aa, t_interval
+from optladder.abtest.stats import Interval, bootstrap_mean_delta
+from optladder.traffic.request import RequestRecord
 
 
 def rec(rid: str, ttft: float, e2e: float, out: int = 11, ok: bool = True) -> RequestRecord:

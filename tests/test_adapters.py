@@ -19,14 +19,16 @@ from pathlib import Path
 import psutil
 import pytest
 
-from backends.launcher import ServerProcess, ServerStartError, port_in_use
-from backends.opt_map import ALWAYS_ON, FIXED, MAPPED, refuse_unmapped
-from backends.vllm_args import SUPPORTED, build_launch
-from engine.config import EngineConfig, ModelConfig, ServerConfig
+from optladder.backends.launcher import ServerStartError, port_in_use
+from optladder.backends.opt_map import ALWAYS_ON, FIXED, MAPPED, refuse_unmapped
+from optladder.backends.vllm_args import SUPPORTED, build_launch
+from optladder.engine.config import EngineConfig, ModelConfig, ServerConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 VLLM_PY = ROOT / ".venv-vllm" / "bin" / "python"
-needs_vllm = pytest.mark.skipif(not VLLM_PY.exists(), reason="vLLM not installed in .venv-vllm")
+def needs_vllm(test):
+    """vLLM for CPUs in .venv-vllm (make vllm-env): marked `vllm`, skipped where it is absent."""
+    return pytest.mark.vllm(pytest.mark.skipif(not VLLM_PY.exists(), reason="vLLM not installed in .venv-vllm")(test))
 
 
 def launch(device: str = "cpu", **kw):
@@ -112,7 +114,7 @@ def test_settings_vllm_cannot_run_are_refused_before_start():
 
 @pytest.mark.parametrize("device", ["cpu", "cuda"])
 def test_speculative_ngram_maps_to_vllms_speculative_config_and_the_rest_is_refused(device):
-    from engine.config import SpeculativeConfig
+    from optladder.engine.config import SpeculativeConfig
 
     off = launch(device, block_size=128)
     assert "--speculative-config" not in off.args and off.opts_effective["speculative"]["on"] is False
@@ -128,21 +130,21 @@ def test_speculative_ngram_maps_to_vllms_speculative_config_and_the_rest_is_refu
 
 
 def test_hf_refuses_graphs_without_its_continuous_batching_and_couples_paged_kv():
-    from backends.hf import opt_mappings
+    from optladder.backends.hf import opt_mappings
 
     with pytest.raises(ValueError, match=r"engine=hf.*dynamic_batching,cuda_graphs"):
         opt_mappings(EngineConfig(name="hf", cuda_graphs=True), "cuda")
     eff = {m.opt: m for m in opt_mappings(EngineConfig(name="hf", paged_kv=True), "cpu")}
     assert eff["dynamic_batching"].on and not eff["dynamic_batching"].requested  # coupled, and said so
-    from engine.config import SpeculativeConfig
+    from optladder.engine.config import SpeculativeConfig
 
     with pytest.raises(ValueError, match=r"engine=hf has no mapping for opt\(s\) \['speculative'\]"):
         opt_mappings(EngineConfig(name="hf", speculative=SpeculativeConfig("ngram")), "cpu")
 
 
 def test_openai_records_opts_as_metadata_with_a_warning(tmp_path):
-    from backends.openai_endpoint import OpenAIEndpoint
-    from serving.server import serve
+    from optladder.backends.openai_endpoint import OpenAIEndpoint
+    from optladder.serving.server import serve
     from test_server import tiny_engine
 
     with serve(tiny_engine(), model_name="tiny") as handle:
@@ -160,7 +162,7 @@ def test_openai_records_opts_as_metadata_with_a_warning(tmp_path):
 @needs_vllm
 def test_vllms_own_parser_accepts_our_arguments():
     """Flag names move between vLLM versions: the installed vLLM parses what we build, or this fails."""
-    from engine.config import SpeculativeConfig
+    from optladder.engine.config import SpeculativeConfig
 
     tp2 = build_launch(EngineConfig(name="vllm", server=ServerConfig(tensor_parallel_size=2)), "cuda", "/models/s",
                        "s", "127.0.0.1", 8123, ["--load-format", "dummy"])  # a 70B shape on two GPUs
@@ -220,7 +222,7 @@ def vllm_cfg(python: str, port: int = 0, timeout: float = 60.0) -> EngineConfig:
 
 
 def test_a_port_in_use_is_refused_before_anything_starts(tmp_path):
-    from backends.vllm_server import VLLMServer
+    from optladder.backends.vllm_server import VLLMServer
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -235,7 +237,7 @@ def test_a_port_in_use_is_refused_before_anything_starts(tmp_path):
 
 
 def test_a_failed_start_reports_exit_code_and_log_tail(tmp_path):
-    from backends.vllm_server import VLLMServer
+    from optladder.backends.vllm_server import VLLMServer
 
     py = fake_python(tmp_path, "import sys\nprint('loading weights')\nprint('RuntimeError: no device found')\n"
                                "sys.exit(3)\n")
@@ -247,7 +249,7 @@ def test_a_server_that_never_gets_healthy_is_stopped_at_the_deadline(tmp_path):
     proc_file = tmp_path / "pid"
     py = fake_python(tmp_path, f"import os, time\nopen({str(proc_file)!r}, 'w').write(str(os.getpid()))\n"
                                "print('compiling', flush=True)\ntime.sleep(600)\n")
-    from backends.vllm_server import VLLMServer
+    from optladder.backends.vllm_server import VLLMServer
 
     t0 = time.monotonic()
     with pytest.raises(ServerStartError, match=r"(?s)not healthy .* within 2 s.*compiling"):
@@ -257,7 +259,7 @@ def test_a_server_that_never_gets_healthy_is_stopped_at_the_deadline(tmp_path):
 
 
 def test_metrics_are_read_from_the_servers_prometheus_endpoint(tmp_path):
-    from backends.vllm_server import VLLMServer
+    from optladder.backends.vllm_server import VLLMServer
 
     with VLLMServer(model_dir(tmp_path), vllm_cfg(fake_python(tmp_path, FAKE_SERVER))) as server:
         with server.measure(interval_s=0.05) as probe:
@@ -271,7 +273,7 @@ def test_metrics_are_read_from_the_servers_prometheus_endpoint(tmp_path):
 RUNNER = textwrap.dedent('''
     import sys, time
     sys.path.insert(0, {root!r})
-    from backends.vllm_server import VLLMServer
+    from optladder.backends.vllm_server import VLLMServer
     from tests.test_adapters import model_dir, vllm_cfg
     from pathlib import Path
     server = VLLMServer(model_dir(Path({tmp!r})), vllm_cfg({python!r}))
@@ -318,10 +320,10 @@ def test_no_server_process_survives_an_interrupted_run(tmp_path, sig):
 # --- the HF adapter against the reference engine ---
 @pytest.mark.slow
 def test_hf_greedy_text_equals_the_reference_engine_in_float32():
-    from backends.hf import HFEngine
-    from engine.llm_engine import LLMEngine
-    from engine.sequence import SamplingParams
-    from engine.tokenizer import chat_token_ids
+    from optladder.backends.hf import HFEngine
+    from optladder.engine.llm_engine import LLMEngine
+    from optladder.engine.sequence import SamplingParams
+    from optladder.engine.tokenizer import chat_token_ids
 
     mc = ModelConfig()
     base = dict(dtype="float32", device="cpu", max_model_len=512, kv_cache_gb=0.2)
@@ -340,11 +342,11 @@ def test_hf_greedy_text_equals_the_reference_engine_in_float32():
 
 @pytest.mark.parametrize("kw", [{}, {"dynamic_batching": True}])
 def test_hf_replay_gives_per_token_records(kw):
-    from backends.hf import HFEngine
-    from engine.sequence import SamplingParams
-    from traffic.replay import InProcessDriver
-    from traffic.replay_config import Pacing, ReplayConfig
-    from traffic.request import Request
+    from optladder.backends.hf import HFEngine
+    from optladder.engine.sequence import SamplingParams
+    from optladder.traffic.replay import InProcessDriver
+    from optladder.traffic.replay_config import Pacing, ReplayConfig
+    from optladder.traffic.request import Request
 
     eng = HFEngine(ModelConfig(name="tiny", source="random", tokenizer="smollm2", vocab_size=49152, hidden_size=64,
                                intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
@@ -395,9 +397,9 @@ class _GroupWatch(threading.Thread):
 def test_vllm_end_to_end_with_smollm2(tmp_path, tracking_uri):
     from conftest import compose_config
 
-    from experiments.experiment import run_experiment
+    from optladder.experiments.experiment import run_experiment
 
-    from backends.launcher import free_port
+    from optladder.backends.launcher import free_port
 
     port = free_port("127.0.0.1")
     cfg = compose_config(["engine=vllm", "model=smollm2_135m", "workload.num_requests=4", "quality.num_prompts=3",

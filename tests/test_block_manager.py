@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import pytest
 
-from engine.block_manager import BlockManager, chain_hash
-from engine.sequence import SamplingParams, Sequence
+from optladder.engine.block_manager import BlockManager, chain_hash
+from optladder.engine.sequence import SamplingParams, Sequence
 
 BS = 4
 
@@ -254,7 +254,7 @@ def test_without_prefix_cache_nothing_is_shared() -> None:
 
 def test_a_hash_collision_never_shares_kv(monkeypatch) -> None:
     # 64-bit hashes can collide; the block's own tokens are compared before its KV is reused
-    monkeypatch.setattr("engine.block_manager.chain_hash", lambda tokens, prefix=-1: 42)
+    monkeypatch.setattr("optladder.engine.block_manager.chain_hash", lambda tokens, prefix=-1: 42)
     bm = BlockManager(num_blocks=8, block_size=BS, enable_prefix_cache=True)
     a, b = seq([1, 2, 3, 4, 5]), seq([6, 7, 8, 9, 10])
     prefill(bm, a)

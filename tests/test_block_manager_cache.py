@@ -1,4 +1,4 @@
-"""The prefix cache's bookkeeping (engine/block_manager.py): hits are always a prefix (once one block of a
+"""The prefix cache's bookkeeping (optladder/engine/block_manager.py): hits are always a prefix (once one block of a
 prompt misses, every later block is computed afresh, even where a block with the same chained hash is still
 cached), only full blocks are registered (by the step that writes them), each under the hash of its tokens
 chained to the block before it, and a reused block leaves the cache. Steps are simulated as in
@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from engine.block_manager import BlockManager, chain_hash
-from engine.sequence import SamplingParams, Sequence
+from optladder.engine.block_manager import BlockManager, chain_hash
+from optladder.engine.sequence import SamplingParams, Sequence
 from tests.test_block_manager import grow, prefill
 
 BS = 4

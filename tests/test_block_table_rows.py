@@ -7,11 +7,11 @@ import pytest
 import torch
 from test_engine_equivalence import model_config
 
-from engine.block_manager import BlockManager
-from engine.config import EngineConfig, SpeculativeConfig
-from engine.llm_engine import LLMEngine
-from engine.model_runner import ModelRunner, table_rows_from_lists
-from engine.sequence import SamplingParams, Sequence
+from optladder.engine.block_manager import BlockManager
+from optladder.engine.config import EngineConfig, SpeculativeConfig
+from optladder.engine.llm_engine import LLMEngine
+from optladder.engine.model_runner import ModelRunner, table_rows_from_lists
+from optladder.engine.sequence import SamplingParams, Sequence
 
 BASE = dict(device="cpu", dtype="float32", max_model_len=512, kv_cache_gb=0.2, max_num_seqs=16, block_size=16,
             paged_kv=True, dynamic_batching=True)

@@ -5,9 +5,9 @@ import re
 
 import pytest
 
-from traffic.capacity import capacity_metrics, find_capacity, p99_e2e, requests_at
-from traffic.metrics import SLO
-from traffic.request import Request, RequestRecord
+from optladder.traffic.capacity import capacity_metrics, find_capacity, p99_e2e, requests_at
+from optladder.traffic.metrics import SLO
+from optladder.traffic.request import Request, RequestRecord
 
 
 def records_with_e2e(e2e_s: float, n: int = 20, failed: int = 0) -> list[RequestRecord]:
@@ -167,8 +167,8 @@ def _rec(i: int, e2e_s: float | None) -> RequestRecord:
 
 def _stops_after(e2es, slo_s=3.0):
     """How many records stop_when_missed took before raising (None: it let the probe run to the end)."""
-    from traffic.capacity import stop_when_missed
-    from traffic.replay import StopReplay
+    from optladder.traffic.capacity import stop_when_missed
+    from optladder.traffic.replay import StopReplay
 
     cb = stop_when_missed(len(e2es), slo_s)
     for i, e in enumerate(e2es):
@@ -213,7 +213,7 @@ def test_a_stopped_probe_is_always_one_the_whole_probe_fails():
 
 
 def test_stopped_requests_are_counted_in_the_probe():
-    from traffic.request import STOPPED
+    from optladder.traffic.request import STOPPED
 
     recs = records_with_e2e(1.0, n=4)
     recs[3].finished_at, recs[3].ok, recs[3].error = None, False, STOPPED + "decided"

@@ -1,4 +1,5 @@
 """run.py as a user runs it: a real Hydra multirun and real A/Bs, as subprocesses."""
+import pytest
 import json
 import os
 import subprocess
@@ -7,6 +8,8 @@ from pathlib import Path
 
 import mlflow
 from mlflow.tracking import MlflowClient
+
+pytestmark = pytest.mark.e2e  # processes of their own: the command, a server, a shell script
 
 ROOT = Path(__file__).resolve().parents[1]
 FAST = ["model=tiny", "replay.progress=false", "engine.kv_cache_gb=0.05", "engine.max_model_len=1024",

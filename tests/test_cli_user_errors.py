@@ -9,9 +9,12 @@ import sys
 from pathlib import Path
 
 import mlflow
+import pytest
 from mlflow.tracking import MlflowClient
 
-from experiments.errors import USER_ERROR_EXIT
+from optladder.experiments.errors import USER_ERROR_EXIT
+
+pytestmark = pytest.mark.e2e  # processes of their own: the command, a server, a shell script
 
 ROOT = Path(__file__).resolve().parents[1]
 FAST = ["model=tiny", "replay.progress=false", "engine.kv_cache_gb=0.05", "engine.max_model_len=1024",

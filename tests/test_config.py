@@ -10,10 +10,10 @@ from hydra.errors import ConfigCompositionException
 from omegaconf import OmegaConf
 from omegaconf.errors import ValidationError
 
-from abtest.lossless import arms_lossless, leaves
-from engine.opts import OPTS
-from experiments.build import build
-from experiments.schema import register
+from optladder.abtest.lossless import arms_lossless, leaves
+from optladder.engine.opts import OPTS
+from optladder.experiments.build import build
+from optladder.experiments.schema import register
 from tests.conftest import CONF, compose_config
 
 NEEDS_PATH = {"workload": {"mooncake", "jsonl"}, "quality": {"jsonl"}}

@@ -13,7 +13,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from cpu_switches import CONFIGS, parse_variant  # noqa: E402
 
-from engine.config import EngineConfig  # noqa: E402
+from optladder.engine.config import EngineConfig  # noqa: E402
 
 
 def test_a_variant_names_its_config_and_typed_fields():

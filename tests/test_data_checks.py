@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from traffic.traces import load_trace
-from traffic.workload import WorkloadConfig, build_workload
+from optladder.traffic.traces import load_trace
+from optladder.traffic.workload import WorkloadConfig, build_workload
 
 HEADER = "TIMESTAMP,ContextTokens,GeneratedTokens\n"
 

@@ -1,8 +1,8 @@
 """The snapshot diff names exactly what changed between two runs."""
 import json
 
-from experiments.diff import main
-from experiments.snapshot import build_snapshot, write_snapshot
+from optladder.experiments.diff import main
+from optladder.experiments.snapshot import build_snapshot, write_snapshot
 
 
 def make_run(path, engine_cfg, torch_version, ttft):

@@ -14,17 +14,17 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from engine.config import EngineConfig, ModelConfig
-from engine.detokenizer import Detokenizer
-from engine.llm_engine import LLMEngine
-from engine.model_runner import kv_bytes_per_token
-from engine.loader import load_tokenizer, model_shape
-from engine.opts import switch_configs
-from engine.sequence import SamplingParams, Sequence, SeqStatus
-from engine.tokenizer import chat_token_ids
-from quality.prompts import QualityConfig, load_prompt_set
+from optladder.engine.config import EngineConfig, ModelConfig
+from optladder.engine.detokenizer import Detokenizer
+from optladder.engine.llm_engine import LLMEngine
+from optladder.engine.model_runner import kv_bytes_per_token
+from optladder.engine.loader import load_tokenizer, model_shape
+from optladder.engine.opts import switch_configs
+from optladder.engine.sequence import SamplingParams, Sequence, SeqStatus
+from optladder.engine.tokenizer import chat_token_ids
+from optladder.quality.prompts import QualityConfig, load_prompt_set
 
-CONF = Path(__file__).resolve().parents[1] / "conf"
+CONF = Path(__file__).resolve().parents[1] / "optladder" / "conf"
 CONFIGS = switch_configs()  # baseline, each switch alone (prefix_cache with paged_kv), all on
 ALL = CONFIGS["all on"]
 TINY_INIT_STD = 0.3

@@ -1,4 +1,4 @@
-"""The engine on its own thread (serving/engine_loop.py), fed from many threads, with the tiny real engine:
+"""The engine on its own thread (optladder/serving/engine_loop.py), fed from many threads, with the tiny real engine:
 each caller gets its own tokens in order, a refused request does not stop the others, and when the loop ends
 every waiting caller hears why instead of hanging."""
 from __future__ import annotations
@@ -8,8 +8,8 @@ import threading
 
 import pytest
 
-from engine.sequence import SamplingParams
-from serving.engine_loop import EngineDead, EngineLoop
+from optladder.engine.sequence import SamplingParams
+from optladder.serving.engine_loop import EngineDead, EngineLoop
 from tests.test_server import MAX_LEN, tiny_engine
 
 

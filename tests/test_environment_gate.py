@@ -3,10 +3,10 @@ from __future__ import annotations
 
 import pytest
 
-from abtest.environment import across_runs, differences
-from abtest.gates import GateConfig
-from abtest.verdict import decide, verdict_table
-from experiments.snapshot import environment
+from optladder.abtest.environment import across_runs, differences
+from optladder.abtest.gates import GateConfig
+from optladder.abtest.verdict import decide, verdict_table
+from optladder.experiments.snapshot import environment
 from tests.test_gates import E2E, QUIET, SCORES, arm, by_name
 
 H200_A = {"host": "vm", "boot_id": "43c65434", "gpu_uuid": "GPU-1a2b", "cpu_model": "Intel(R) Xeon(R) Platinum 8468", "cpu_count": 16, "gpu": "NVIDIA H200",

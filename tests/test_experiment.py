@@ -6,11 +6,11 @@ import mlflow
 import pytest
 from mlflow.tracking import MlflowClient
 
-from experiments.experiment import run_experiment
-from experiments.snapshot import SNAPSHOT_FILE
+from optladder.experiments.experiment import run_experiment
+from optladder.experiments.snapshot import SNAPSHOT_FILE
 from tests.conftest import compose_config
-from traffic.metrics import compute_metrics
-from traffic.request import RequestRecord
+from optladder.traffic.metrics import compute_metrics
+from optladder.traffic.request import RequestRecord
 
 
 @pytest.fixture(scope="module")
@@ -95,7 +95,7 @@ def test_mlflow_run_has_params_metrics_tags_artifacts(finished):
 
 
 def test_run_that_dies_halfway_is_failed_and_keeps_its_records(tmp_path, monkeypatch):
-    from backends.engines import ReferenceBackend
+    from optladder.backends.engines import ReferenceBackend
 
     def crash(*args, **kwargs):
         raise RuntimeError("the quality phase crashed")

@@ -1,7 +1,7 @@
 """Faults, as a run meets them (model=tiny): the engine raising mid-replay, SIGTERM and SIGINT to run.py,
 the MLflow store unreachable at start or lost mid-run. Each must leave the run FAILED or KILLED in MLflow
 (or say that tracking was unreachable before anything ran), every finished request on disk, no child
-process behind, and an exit status that says what happened (experiments/lifecycle.py). Signals and exit
+process behind, and an exit status that says what happened (optladder/experiments/lifecycle.py). Signals and exit
 statuses need run.py in a process of its own; the rest runs here, which is cheaper."""
 from __future__ import annotations
 
@@ -18,10 +18,10 @@ import psutil
 import pytest
 from mlflow.tracking import MlflowClient
 
-from backends.faults import InjectedFault
-from experiments import tracking
-from experiments.experiment import run_experiment
-from experiments.lifecycle import exit_status
+from optladder.backends.faults import InjectedFault
+from optladder.experiments import tracking
+from optladder.experiments.experiment import run_experiment
+from optladder.experiments.lifecycle import exit_status
 from tests.conftest import compose_config
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -53,7 +53,7 @@ def replay_workers_alive(since: float) -> list[str]:
     alive = []
     for p in psutil.process_iter(["cmdline", "create_time", "cwd"]):
         cmd = " ".join(p.info["cmdline"] or [])
-        if "traffic.locust_worker" in cmd and p.info["create_time"] >= since - 1 and p.info["cwd"] == str(ROOT):
+        if "optladder.traffic.locust_worker" in cmd and p.info["create_time"] >= since - 1 and p.info["cwd"] == str(ROOT):
             alive.append(f"{p.pid}: {cmd}")
     return alive
 
@@ -82,6 +82,7 @@ def test_an_unreachable_store_stops_the_run_before_anything_loads(tmp_path):
     assert not (tmp_path / "run" / "requests.jsonl").exists()  # no model was loaded, nothing was replayed
 
 
+@pytest.mark.e2e
 def test_a_store_lost_mid_run_keeps_the_results_and_says_so(tmp_path, monkeypatch, caplog, one_torch_thread):
     monkeypatch.setattr(tracking, "LOST", [])
     store, out = tmp_path / "store", tmp_path / "run"
@@ -100,6 +101,7 @@ def test_a_store_lost_mid_run_keeps_the_results_and_says_so(tmp_path, monkeypatc
     assert "tracking lost mid-run" in caplog.text
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("sig, code, driver", [(signal.SIGTERM, 143, "locust"), (signal.SIGINT, 130, "inprocess")])
 def test_a_signal_mid_replay_kills_the_run_cleanly(tmp_path, sig, code, driver):
     t0, uri, out = time.time(), f"sqlite:///{tmp_path / 'mlflow.db'}", tmp_path / "run"
@@ -126,11 +128,12 @@ VLLM_PY = ROOT / ".venv-vllm" / "bin" / "python"
 
 
 @pytest.mark.slow
+@pytest.mark.vllm
 @pytest.mark.skipif(not VLLM_PY.exists(), reason="vLLM not installed in .venv-vllm")
 @pytest.mark.timeout(1800)
 def test_vllm_serve_killed_mid_replay_fails_the_run_and_leaves_nothing_behind(tmp_path):
-    from backends.launcher import free_port
-    from backends.vllm_server import ServerGone
+    from optladder.backends.launcher import free_port
+    from optladder.backends.vllm_server import ServerGone
 
     port, uri, out = free_port("127.0.0.1"), f"sqlite:///{tmp_path / 'mlflow.db'}", tmp_path / "run"
     cfg = compose_config(["engine=vllm", "model=smollm2_135m", "workload.num_requests=30", "workload.rate=1",

@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from abtest.gates import METRICS, GateConfig, _metric_names, higher_is_better, validate_metric
+from optladder.abtest.gates import METRICS, GateConfig, _metric_names, higher_is_better, validate_metric
 
 CONTRACT = ({f"perf/{m}_ms_{s}" for m in ("ttft", "tpot", "itl", "e2e") for s in ("mean", "p50", "p90", "p99", "p999")}
             | {"perf/throughput_req_s", "perf/throughput_out_tok_s", "perf/goodput_req_s", "perf/peak_mem_gb",

@@ -9,12 +9,12 @@ import numpy as np
 import pytest
 
 
-from abtest.gates import METRICS, GateConfig, higher_is_better, validate_metric
-from abtest.rollout import current, promote, rollback, rollout_plan
-from abtest.verdict import ArmResult, decide
-from quality.teacher_forced import TeacherForcedScores
-from traffic.metrics import compute_metrics
-from traffic.request import RequestRecord
+from optladder.abtest.gates import METRICS, GateConfig, higher_is_better, validate_metric
+from optladder.abtest.rollout import current, promote, rollback, rollout_plan
+from optladder.abtest.verdict import ArmResult, decide
+from optladder.quality.teacher_forced import TeacherForcedScores
+from optladder.traffic.metrics import compute_metrics
+from optladder.traffic.request import RequestRecord
 
 QUALITY = ("quality/bleu_vs_ref", "quality/rouge1_vs_ref", "quality/rouge2_vs_ref", "quality/rougeL_vs_ref")
 NO_TF = dict(kl_max_mean=None, kl_max_p99=None, top1_agree_min=None, ppl_max_rel_increase=None)
@@ -218,8 +218,8 @@ def test_promote_and_rollback(tmp_path: Path) -> None:
 
 
 def test_rollback_cli_restores_the_previous_promotion(tmp_path, capsys):
-    from abtest.rollback import main as rollback_main
-    from abtest.rollout import current, promote
+    from optladder.abtest.rollback import main as rollback_main
+    from optladder.abtest.rollout import current, promote
 
     promote(tmp_path, {"overrides": ["+opt=paged_kv"]}, "run-1", "paged_kv")
     promote(tmp_path, {"overrides": ["+opt=[paged_kv,flash_attn]"]}, "run-2", "flash_attn")

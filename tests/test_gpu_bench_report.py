@@ -11,7 +11,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from engine.opts import OPTS  # noqa: E402
+from optladder.engine.opts import OPTS  # noqa: E402
 from gpubench.report import markdown  # noqa: E402
 from gpubench.smollm2 import FLOAT32, configs, first_divergence  # noqa: E402
 
@@ -59,7 +59,7 @@ def test_the_bench_drives_the_engine_runner_as_the_engine_does(paged, flash):
 
     import torch
 
-    from engine.loader import load_model
+    from optladder.engine.loader import load_model
     from gpubench.llama import LLAMA8B, decode_seqs, decode_step, make_runner, prefill_step
 
     tiny = dataclasses.replace(LLAMA8B, vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,

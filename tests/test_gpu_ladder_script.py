@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.e2e  # the GPU scripts run as shell processes
 
 FAKE = f"""#!{sys.executable}
 import os, shutil, sys
@@ -176,7 +177,7 @@ def test_a_pair_runs_two_copies_each_on_its_own_gpu_state_and_cache(tmp_path, fa
         assert members(tmp_path / "o" / i / "ladder-start.tgz") >= {"first", "mlflow", "logs"}
         assert f"== copy {i} (GPU {gpu}): exit status 0" in r.stdout
     compared = [line for line in (tmp_path / "fake.log").read_text().splitlines() if "ladder_compare" in line]
-    assert compared == [f"-m experiments.ladder_compare {m}/optladder-ladder-a/first {m}/optladder-ladder-b/first"]
+    assert compared == [f"-m optladder.experiments.ladder_compare {m}/optladder-ladder-a/first {m}/optladder-ladder-b/first"]
     back = [f for f in (tmp_path / "o").rglob("*") if f.is_file()]
     assert len(back) <= 8, back  # what a device call brings back
     assert "comparison" in (tmp_path / "o" / "status.txt").read_text()

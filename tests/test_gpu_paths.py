@@ -10,8 +10,8 @@ import os
 import pytest
 import torch
 
-from engine.config import EngineConfig, ModelConfig
-from engine.validation import validate_engine, validate_head_dim
+from optladder.engine.config import EngineConfig, ModelConfig
+from optladder.engine.validation import validate_engine, validate_head_dim
 
 CUDA = torch.cuda.is_available()
 if not CUDA:  # before the first import of a kernel module: Triton picks the interpreter at decoration
@@ -54,7 +54,7 @@ def test_unsupported_head_dim_refused(opt: str, head_dim: int):
 
 
 def test_batch_buckets():
-    from engine.cuda_graphs import batch_buckets
+    from optladder.engine.cuda_graphs import batch_buckets
 
     assert batch_buckets(1) == [1]
     assert batch_buckets(16) == [1, 2, 4, 8, 16]
@@ -90,8 +90,8 @@ CASES = [  # batch, heads, kv_heads, head_dim, block_size, max_len, splits
 @pytest.mark.parametrize("case", CASES)
 def test_paged_decode_matches_float64(case):
     triton_or_skip()
-    from engine.kernels.paged_decode import paged_decode_attention
-    from engine.kernels.reference import paged_decode_reference, rel_error
+    from optladder.engine.kernels.paged_decode import paged_decode_attention
+    from optladder.engine.kernels.reference import paged_decode_reference, rel_error
 
     b, h, kvh, d, bs, max_len, splits = case
     gen = torch.Generator().manual_seed(hash(case) % 2**31)
@@ -111,8 +111,8 @@ def test_ranges_past_the_context_write_no_partial_and_the_merge_reads_none(monke
     an empty range, so the merge must not read one. The partials' buffer is poisoned (NaN): a merge that read an
     unwritten partial would give NaN (its weight 0 times NaN)."""
     triton_or_skip()
-    from engine.kernels import paged_decode as pd
-    from engine.kernels.reference import paged_decode_reference, rel_error
+    from optladder.engine.kernels import paged_decode as pd
+    from optladder.engine.kernels.reference import paged_decode_reference, rel_error
 
     gen = torch.Generator().manual_seed(12)
     dtype = torch.bfloat16 if CUDA else torch.float32
@@ -129,7 +129,7 @@ def test_ranges_past_the_context_write_no_partial_and_the_merge_reads_none(monke
 @needs_triton
 def test_split_heuristic_depends_on_shapes_only():
     triton_or_skip()
-    from engine.kernels.paged_decode import grid_splits, num_splits
+    from optladder.engine.kernels.paged_decode import grid_splits, num_splits
 
     # the larger of two waves' worth (decides batches of 1 and 2) and ~96 programs a multiprocessor (at most 12),
     # at most 32, from the batch rounded up to a power of two (the graph bucket it replays in)
@@ -163,7 +163,7 @@ def test_a_graph_bucket_gives_each_row_the_eager_bits(case):
     Every live row must come out bit for bit the same, or a cuda_graphs rung rewrites answers its eager control
     gives (exact match 81.5% on the H200 when the table's width set the split count)."""
     triton_or_skip()
-    from engine.kernels.paged_decode import paged_decode_attention
+    from optladder.engine.kernels.paged_decode import paged_decode_attention
 
     heads, kvh, d, bs, n, bucket, longest = case
     gen = torch.Generator().manual_seed(n * 1000 + d + longest)
@@ -197,8 +197,8 @@ VARLEN_CASES = [  # heads, kv heads, head dim, block size, (query len, context l
 @pytest.mark.parametrize("case", VARLEN_CASES, ids=["mixed", "mha", "group3"])
 def test_paged_prefill_matches_float64(case):
     triton_or_skip()
-    from engine.kernels.paged_prefill import block_q, paged_prefill_attention, tile_list
-    from engine.kernels.reference import paged_prefill_reference, rel_error
+    from optladder.engine.kernels.paged_prefill import block_q, paged_prefill_attention, tile_list
+    from optladder.engine.kernels.reference import paged_prefill_reference, rel_error
 
     h, kvh, d, bs, rows = case
     q_lens, ctx = [r[0] for r in rows], [r[1] for r in rows]
@@ -225,7 +225,7 @@ def test_paged_prefill_matches_float64(case):
 
 
 def test_tile_list_covers_every_query_once():
-    from engine.kernels.paged_prefill import tile_list
+    from optladder.engine.kernels.paged_prefill import tile_list
 
     seq, first = tile_list([5, 1, 33, 0, 16], 16)
     assert list(zip(seq, first)) == [(0, 0), (1, 0), (2, 0), (2, 16), (2, 32), (4, 0)]
@@ -237,9 +237,9 @@ def test_chunked_prefill_through_the_triton_kernels_keeps_greedy_tokens():
     """The whole engine path of a chunked step (slots, tiles, the varlen and decode kernels) on a tiny
     model: every prompt split, decodes mixed in, the same tokens as naive attention without chunks."""
     triton_or_skip()
-    from engine.attention import FusedAttention
-    from engine.llm_engine import LLMEngine
-    from engine.sequence import SamplingParams
+    from optladder.engine.attention import FusedAttention
+    from optladder.engine.llm_engine import LLMEngine
+    from optladder.engine.sequence import SamplingParams
     from tests.test_engine_equivalence import BASE, model_config
 
     prompts = [[(7 * i + j) % 500 + 3 for j in range(20 + 9 * i)] for i in range(3)]
@@ -264,8 +264,8 @@ def test_chunked_prefill_through_the_triton_kernels_keeps_greedy_tokens():
 @needs_triton
 def test_fused_kernels_match_eager_modules():
     triton_or_skip()
-    from engine.kernels import fused
-    from engine.model import RMSNorm, Rotary
+    from optladder.engine.kernels import fused
+    from optladder.engine.model import RMSNorm, Rotary
 
     dtype = torch.bfloat16 if CUDA else torch.float32
     gen = torch.Generator().manual_seed(1)
@@ -303,8 +303,8 @@ def test_fused_kernels_match_eager_modules():
 @pytest.mark.parametrize("silu", [False, True])
 def test_skinny_gemm_matches_float64(silu: bool):
     triton_or_skip()
-    from engine.kernels.gemv import skinny_linear
-    from engine.kernels.reference import rel_error
+    from optladder.engine.kernels.gemv import skinny_linear
+    from optladder.engine.kernels.reference import rel_error
 
     dtype = torch.bfloat16 if CUDA else torch.float32
     gen = torch.Generator().manual_seed(2)
@@ -322,8 +322,8 @@ def test_skinny_gemm_matches_float64(silu: bool):
 # --- a whole model: the fused decode step, attention through the kernel, equals the eager step ---
 
 def tiny_model(dtype):
-    from engine.config import ModelConfig
-    from engine.loader import load_model
+    from optladder.engine.config import ModelConfig
+    from optladder.engine.loader import load_model
 
     cfg = ModelConfig(name="tiny", source="random", package=None, gguf_file=None, tokenizer="synthetic",
                       vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
@@ -338,8 +338,8 @@ class KernelDecode:
     name, decode_backend = "naive", "triton_paged"
 
     def __init__(self):
-        from engine.attention import NaiveAttention
-        from engine.kernels.paged_decode import paged_decode_attention
+        from optladder.engine.attention import NaiveAttention
+        from optladder.engine.kernels.paged_decode import paged_decode_attention
 
         self.prefill, self.kernel = NaiveAttention().prefill, paged_decode_attention
 
@@ -352,12 +352,12 @@ def run_decode(model, prompts, steps, paged: bool, flash: bool, graphs: bool = F
     """Greedy decode through ModelRunner with a hand-made block table; returns the token ids.
     decode_kernel: decode attention through the Triton kernel on any device (on CUDA, flash_attn with
     paged_kv picks it on its own)."""
-    from engine.attention import make_backend
-    from engine.block_manager import KVLayout
-    from engine.model import DecodeKernels
-    from engine.model_runner import ModelRunner
-    from engine.scheduler import Batch
-    from engine.sequence import SamplingParams, Sequence
+    from optladder.engine.attention import make_backend
+    from optladder.engine.block_manager import KVLayout
+    from optladder.engine.model import DecodeKernels
+    from optladder.engine.model_runner import ModelRunner
+    from optladder.engine.scheduler import Batch
+    from optladder.engine.sequence import SamplingParams, Sequence
 
     max_len, block_size = 64, (8 if paged else 64)
     per_seq = max_len // block_size
@@ -390,9 +390,9 @@ PROMPTS = [[1, 5, 9, 200, 33], [7, 7, 7], [3, 100, 4, 99, 5, 98, 6, 97, 8, 96, 1
 @needs_triton
 def test_fused_decode_step_matches_eager_logits():
     triton_or_skip()
-    from engine.attention import AttnMeta
-    from engine.cuda_graphs import GraphDecodeAttention
-    from engine.sequence import SamplingParams, Sequence
+    from optladder.engine.attention import AttnMeta
+    from optladder.engine.cuda_graphs import GraphDecodeAttention
+    from optladder.engine.sequence import SamplingParams, Sequence
 
     model = tiny_model(torch.float32)
     _, runner = run_decode(model, PROMPTS, 2, paged=True, flash=False)
@@ -445,8 +445,8 @@ def test_teacher_forced_scores_compared_on_the_gpu_equal_the_host_comparison():
     # the reference engine on CUDA leaves its log-probs on the device and they are compared there
     import numpy as np
 
-    from backends.engines import ReferenceBackend
-    from quality.teacher_forced import compare
+    from optladder.backends.engines import ReferenceBackend
+    from optladder.quality.teacher_forced import compare
 
     cfg = EngineConfig(device="cuda", max_model_len=256, kv_cache_gb=0.05, paged_kv=True)
     model = ModelConfig(name="tiny", source="random", tokenizer="synthetic", vocab_size=49152, hidden_size=64,

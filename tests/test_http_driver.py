@@ -13,15 +13,15 @@ from pathlib import Path
 import pytest
 from test_server import MAX_LEN, TINY, tiny_engine
 
-from engine.config import EngineConfig
-from serving.server import serve
-from backends.engines import ReferenceBackend
-from traffic.arrivals import poisson_arrivals
-from traffic.http_driver import replay_http
-from traffic.metrics import compute_metrics
-from traffic.replay_config import Pacing, ReplayConfig
-from traffic.request import Request
-from traffic.sse import TokenStream, completion_payload
+from optladder.engine.config import EngineConfig
+from optladder.serving.server import serve
+from optladder.backends.engines import ReferenceBackend
+from optladder.traffic.arrivals import poisson_arrivals
+from optladder.traffic.http_driver import replay_http
+from optladder.traffic.metrics import compute_metrics
+from optladder.traffic.replay_config import Pacing, ReplayConfig
+from optladder.traffic.request import Request
+from optladder.traffic.sse import TokenStream, completion_payload
 
 ROOT = Path(__file__).resolve().parents[1]
 QUIET = ReplayConfig(progress=False)
@@ -105,7 +105,7 @@ def test_backend_replays_over_http_with_the_same_tokens_as_in_process():
 SERVER_SCRIPT = """
 import time
 from test_server import tiny_engine
-from serving.server import serve
+from optladder.serving.server import serve
 print(serve(tiny_engine(), model_name="tiny").url, flush=True)
 time.sleep(600)
 """
@@ -163,7 +163,7 @@ def test_token_stream_parsing():
                  b'data: {"choices":[],"usage":{"completion_tokens":3}}', b"data: [DONE]"]:
         s.feed(line)
     assert s.token_times == [0.2, 0.3] and s.done and s.finished_at == 0.5
-    from traffic.request import RequestRecord
+    from optladder.traffic.request import RequestRecord
     rec = RequestRecord("a", 0.0, 4, 3, sent_at=0.0)
     s.fill(rec)
     assert rec.ok and rec.output_tokens == 3 and rec.first_token_at == 0.2 and rec.output_text == "Hi"

@@ -12,14 +12,14 @@ import pytest
 from mlflow.tracking import MlflowClient
 from omegaconf import OmegaConf
 
-from abtest.gates import GateConfig
-from abtest.ladder import keeps, ladder_table, rung_opts
-from engine.opts import OPTS
-from experiments.ab_run import Arm, gate_pair
-from experiments.experiment import ExperimentResult
-from experiments.ladder_run import climb
-from experiments.resume import load_result, resume_rung, why_not
-from traffic.request import RequestRecord
+from optladder.abtest.gates import GateConfig
+from optladder.abtest.ladder import keeps, ladder_table, rung_opts
+from optladder.engine.opts import OPTS
+from optladder.experiments.ab_run import Arm, gate_pair
+from optladder.experiments.experiment import ExperimentResult
+from optladder.experiments.ladder_run import climb
+from optladder.experiments.resume import load_result, resume_rung, why_not
+from optladder.traffic.request import RequestRecord
 
 ROOT = Path(__file__).resolve().parents[1]
 N = 40  # requests and prompts per stub run: enough pairs for the bootstrap gates to decide
@@ -114,6 +114,7 @@ def tiny_ladder(tmp_path_factory):
     return tmp, uri, out
 
 
+@pytest.mark.e2e
 def test_ladder_through_run_py_on_the_tiny_model(tiny_ladder):
     _, uri, out = tiny_ladder
     ladder = json.loads((out / "ladder.json").read_text())
@@ -157,6 +158,7 @@ def gates_of(row: dict) -> dict:
     return {g["gate"]: g for g in row["verdict"]["gates"]}
 
 
+@pytest.mark.e2e
 def test_a_resumed_ladder_reads_back_the_rungs_that_finished_and_runs_the_rest(tiny_ladder):
     tmp, uri, first = tiny_ladder
     before = json.loads((first / "ladder.json").read_text())["rungs"]
@@ -203,6 +205,7 @@ def test_a_resumed_ladder_reads_back_the_rungs_that_finished_and_runs_the_rest(t
     assert (again / f"{rerun}-r0" / "summary.json").is_file()  # copied: the older directory can go
 
 
+@pytest.mark.e2e
 def test_a_control_from_another_machine_not_run_again_keeps_latency_from_deciding(tiny_ladder):
     tmp, uri, first = tiny_ladder
     out = tmp / "resumed-never"
@@ -219,6 +222,7 @@ def test_a_control_from_another_machine_not_run_again_keeps_latency_from_decidin
     assert "environment" not in g2 and g2["latency_max_regression"]["decides"]
 
 
+@pytest.mark.e2e
 def test_an_earlier_rung_of_other_settings_or_data_is_not_taken(tiny_ladder, tmp_path):
     _, _, first = tiny_ladder
     res = load_result(first / "rung0-baseline-r0")
@@ -265,7 +269,7 @@ def test_a_sigterm_a_library_turned_into_its_own_error_still_ends_the_ladder(mon
     the SIGTERM it was, and an error without a signal is still the rung's reason."""
     import signal
 
-    from backends import launcher
+    from optladder.backends import launcher
 
     monkeypatch.setattr(launcher, "_SIGNALLED", [])
     effects: dict = {}
@@ -294,19 +298,20 @@ def test_a_sigterm_a_library_turned_into_its_own_error_still_ends_the_ladder(mon
         return run_rung(name, opts, prev)
     plain, _ = climb(["paged_kv", "flash_attn"], True, raising, lambda prev, cand: gate_pair(prev, cand, noise)[:2])
     assert plain[2]["status"] == "error" and "_invalidate_flags_cache" in plain[2]["reason"]
-    from experiments.lifecycle import exit_status
+    from optladder.experiments.lifecycle import exit_status
     assert exit_status(stopped.value) == 143
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("lost_as", ["UserError", "RuntimeError"])
 def test_run_py_ends_as_sigterm_when_a_library_lost_the_signal_s_exception(lost_as):
     """run.py's exit status for a SIGTERM whose exception became another error on its way up (a UserError: what
     Hydra's composition error becomes; anything else): 143, not 3 (a user error) nor 70 (a crash). The experiment
     itself (run_experiment) is replaced; Hydra, run.py's _main and its handling are the real ones."""
     code = ("import runpy, signal, sys\n"
-            "from backends import launcher\n"
-            "from experiments import experiment\n"
-            "from experiments.errors import UserError\n"
+            "from optladder.backends import launcher\n"
+            "from optladder.experiments import experiment\n"
+            "from optladder.experiments.errors import UserError\n"
             "def lost(*args, **kwargs):\n"
             "    try:\n"
             "        launcher._on_sigterm(signal.SIGTERM, None)\n"
@@ -323,15 +328,15 @@ def test_run_py_ends_as_sigterm_when_a_library_lost_the_signal_s_exception(lost_
 def test_a_lost_sigterm_ends_an_mlflow_run_killed_and_an_error_without_one_failed(monkeypatch):
     import signal
 
-    from backends import launcher
-    from experiments.tracking import run_status
+    from optladder.backends import launcher
+    from optladder.experiments.tracking import run_status
 
     monkeypatch.setattr(launcher, "_SIGNALLED", [])
     assert run_status(RuntimeError("lost")) == "FAILED" and run_status(None) == "FINISHED"
     monkeypatch.setattr(launcher, "_SIGNALLED", [signal.SIGTERM])
     assert run_status(RuntimeError("lost")) == "KILLED" and run_status(None) == "FINISHED"
     # a call to the store that the signal interrupted ends the run, not the tracking
-    from experiments import tracking
+    from optladder.experiments import tracking
 
     def interrupted() -> None:
         raise ConnectionError("lost mid-call")
@@ -407,6 +412,7 @@ def interleaved_ladder(tmp_path_factory):
     return tmp, uri, out, p.stdout + p.stderr
 
 
+@pytest.mark.e2e
 def test_an_interleaved_rung_is_gated_against_its_control_run_beside_it(interleaved_ladder):
     tmp, uri, out, said = interleaved_ladder
     rows = json.loads((out / "ladder.json").read_text())["rungs"]
@@ -453,6 +459,7 @@ def test_an_interleaved_rung_is_gated_against_its_control_run_beside_it(interlea
     assert "rung0-baseline-again-rung1-batched_decode (repeat 0)" in names
 
 
+@pytest.mark.e2e
 def test_a_resumed_interleaved_ladder_takes_a_rung_only_with_its_control_run_beside_it(interleaved_ladder):
     tmp, uri, first, _ = interleaved_ladder
     before = json.loads((first / "ladder.json").read_text())["rungs"]
@@ -477,6 +484,7 @@ def test_a_resumed_interleaved_ladder_takes_a_rung_only_with_its_control_run_bes
     assert not (out / "rung1-batched_decode-again-rung2-paged_kv-r0" / "quality_outputs.jsonl").exists()
 
 
+@pytest.mark.e2e
 def test_an_interleaved_rung_beside_a_control_from_another_machine_scores_the_control_s_answers_here(
         interleaved_ladder):
     """The control's own answers stand for the run beside a rung only where they were computed in the rung's
@@ -517,7 +525,7 @@ def test_an_interleaved_rung_beside_a_control_from_another_machine_scores_the_co
 
 
 def test_pooled_run_noise_counts_each_a_a_pair_as_one_degree_of_freedom_beside_the_prior():
-    from abtest.verdict import aa_log_ratio, pooled_run_noise
+    from optladder.abtest.verdict import aa_log_ratio, pooled_run_noise
 
     gate = GateConfig(run_noise={"perf/e2e_ms_p99": 0.10}, run_noise_weight=4)
     same, used = pooled_run_noise(gate, {})
@@ -535,6 +543,7 @@ def test_pooled_run_noise_counts_each_a_a_pair_as_one_degree_of_freedom_beside_t
     assert aa_log_ratio("perf/throughput_out_tok_s", recs, slower) is None  # not a paired latency
 
 
+@pytest.mark.e2e
 def test_without_tracking_every_a_a_pair_still_counts(tmp_path):
     """Runs without MLflow have no run id: the A/A pairs are told apart by their directories."""
     out = tmp_path / "ladder"
@@ -546,6 +555,7 @@ def test_without_tracking_every_a_a_pair_still_counts(tmp_path):
     assert [rows[i]["run_noise_pooled"]["perf/e2e_ms_p99"]["pairs"] for i in (1, 2)] == [1, 2]
 
 
+@pytest.mark.e2e
 def test_a_ladder_cut_short_keeps_the_rungs_it_reached(tmp_path):
     """ladder.json is written after every rung: a ladder ended by SIGTERM (a device call's deadline, a lost
     machine) leaves the verdicts so far, marked incomplete; an ended ladder's is marked complete."""
@@ -579,6 +589,7 @@ def test_a_ladder_cut_short_keeps_the_rungs_it_reached(tmp_path):
     assert not list(out.glob(".ladder.*.tmp"))  # each file replaced whole
 
 
+@pytest.mark.e2e
 def test_an_ended_ladder_is_marked_complete(interleaved_ladder):
     _, _, out, _ = interleaved_ladder
     ladder = json.loads((out / "ladder.json").read_text())

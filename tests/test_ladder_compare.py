@@ -1,4 +1,4 @@
-"""experiments/ladder_compare.py on ladders the H200 ran (benchmarks/results/gpu_ladder_h200/): a ladder against
+"""optladder/experiments/ladder_compare.py on ladders the H200 ran (benchmarks/results/gpu_ladder_h200/): a ladder against
 itself reproduces, against one run with other settings it does not, and a moved metric, verdict or setting is named."""
 import json
 import math
@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from experiments.ladder_compare import chance_outside, load, main, tail
-from experiments.snapshot import SNAPSHOT_FILE
+from optladder.experiments.ladder_compare import chance_outside, load, main, tail
+from optladder.experiments.snapshot import SNAPSHOT_FILE
 
 RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "gpu_ladder_h200"
 SMOLLM2 = RESULTS / "smollm2_ts2_200"
@@ -305,7 +305,7 @@ def _interleave(ladder: dict) -> None:
 
 def _drift(ladder: dict, rung: int, factor: float, control_too: bool = True) -> None:
     """The machine ran `factor` slower through rung `rung`: its timed figures (and its control's run beside it)."""
-    from experiments.ladder_compare import TIMED
+    from optladder.experiments.ladder_compare import TIMED
 
     row = ladder["rungs"][rung]
     for m in [row["metrics"], *([row["control_beside"]["metrics"]] if control_too and rung else [])]:
@@ -368,8 +368,8 @@ def test_noise_within_measures_the_noise_on_the_a_a_pairs_inside_the_ladders(cap
     """Each control run beside a rung is its control again: 6 A/A pairs a ladder. Static batching's TTFT p50 moved
     0.61-1.54x between identical runs minutes apart (RMS 0.281 over 12 pairs), so a change's difference has SD
     sqrt(2) x 0.281 = 0.398, and the pair's 1.95x (0.67) lies within 2 SDs."""
-    from abtest.ladder import noise_beside
-    from experiments.ladder_compare import noise_within
+    from optladder.abtest.ladder import noise_beside
+    from optladder.experiments.ladder_compare import noise_within
 
     a, b = (json.loads((INTERLEAVED / x / "ladder.json").read_text()) for x in ("a", "b"))
     sd, n, _ = noise_beside(a["rungs"])["perf/ttft_ms_p50"]
@@ -452,7 +452,7 @@ def test_a_ladder_cut_short_is_compared_on_the_rungs_both_reached(tmp_path, caps
 def test_the_pooled_ladder_says_its_static_rungs_ran_at_capacity():
     """ladder.md names each run's load, the controls' beside the rungs too, where one ran at 0.8 or more: the
     static batch at 0.92-1.09 here."""
-    from abtest.ladder import ladder_table
+    from optladder.abtest.ladder import ladder_table
 
     rows = json.loads((POOLED / "a" / "ladder.json").read_text())["rungs"]
     md = ladder_table(rows)
@@ -493,8 +493,8 @@ def test_noise_within_measures_kv_reserved_on_the_a_a_pairs_and_compares_it_as_i
     much minutes apart (RMS 0.217 over the 12 pairs), where an assumed 0.10 made three KV figures count. A figure
     compared as it is (one run against one) differs between the ladders with the pairs' RMS itself, a change with
     sqrt(2) times it."""
-    from abtest.ladder import noise_beside
-    from experiments.ladder_compare import noise_within
+    from optladder.abtest.ladder import noise_beside
+    from optladder.experiments.ladder_compare import noise_within
 
     a, b = (json.loads((TS4 / x / "ladder.json").read_text()) for x in ("a", "b"))
     logs = [math.log(beside[KV] / own[KV]) for x in (a, b) for own, beside in _aa(x)]
@@ -577,7 +577,7 @@ def test_each_rung_s_decode_step_per_row_is_printed_beside_its_control_s_and_not
     """The engine's own speed apart from its queue's path: a rung's ms per decode row against its control run
     beside it, in A and in B, with the decode steps each took. It explains a moved change (flash_attn's gated run
     saved 2% per row in A, 18% in C) and decides nothing."""
-    from experiments.ladder_compare import row_ms, step_costs
+    from optladder.experiments.ladder_compare import row_ms, step_costs
 
     a, c = (json.loads((TS4 / x / "ladder.json").read_text()) for x in ("a", "c"))
     flash = {name: text for name, text in step_costs(c["rungs"])}["rung 2 (flash_attn)"]

@@ -15,8 +15,10 @@ from hydra.core.global_hydra import GlobalHydra
 from hydra.errors import ConfigCompositionException
 from omegaconf import OmegaConf
 
-from experiments.ray_launch import RaySettings, check_fits, check_local_gpus, gpus_for_job
-from experiments.schema import register
+from optladder.experiments.ray_launch import RaySettings, check_fits, check_local_gpus, gpus_for_job
+from optladder.experiments.schema import register
+
+pytestmark = pytest.mark.e2e  # processes of their own: the command, a server, a shell script
 
 ROOT = Path(__file__).resolve().parents[1]
 FAST = ["model=tiny", "replay.progress=false", "engine.kv_cache_gb=0.05", "engine.max_model_len=1024",
@@ -97,7 +99,7 @@ def test_a_failed_job_closes_the_sweeps_parent_as_failed(tmp_path):
 def hydra_compose(overrides: list[str]):
     register()
     GlobalHydra.instance().clear()
-    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+    with initialize_config_dir(config_dir=str(ROOT / "optladder" / "conf"), version_base="1.3"):
         return compose("config", overrides=overrides, return_hydra_config=True)
 
 

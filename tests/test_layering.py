@@ -1,9 +1,10 @@
 """The import structure drawn from the code itself (ast over every .py of the packages), checked against
-DESIGN.md's floors: run.py -> experiments -> abtest / backends / traffic / quality -> serving -> engine.
+docs/design.md's floors: run.py -> cli -> experiments -> abtest / backends / traffic / quality -> serving -> engine
+(-> paths, which every floor may use), all under the one package optladder/.
 
 An import may go down or sideways to another package of its own floor, never up; no two modules and no two
 packages import each other, directly or round a longer loop (an import inside a function counts too); Hydra
-and OmegaConf stay in run.py and experiments/. The checker is tested on planted mistakes first, so a clean
+and OmegaConf stay in run.py, optladder/cli.py, optladder/bench/ and optladder/experiments/. The checker is tested on planted mistakes first, so a clean
 result on the real tree means something."""
 from __future__ import annotations
 
@@ -14,19 +15,19 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-FLOORS = {"run": 5, "experiments": 4, "abtest": 3, "backends": 3, "traffic": 3, "quality": 3, "serving": 2,
-          "engine": 1}
+FLOORS = {"run": 6, "cli": 5, "bench": 5, "experiments": 4, "abtest": 3, "backends": 3, "traffic": 3, "quality": 3,
+          "serving": 2, "engine": 1, "paths": 0, "optladder": 0}
 HYDRA = ("hydra", "omegaconf")
-HYDRA_ALLOWED = ("run", "experiments")
+HYDRA_ALLOWED = ("run", "cli", "bench", "experiments")
+PKG = "optladder"
 
 
 def module_files(root: Path) -> dict[str, Path]:
-    """Dotted module name -> file, for run.py and every .py under the floors' packages."""
+    """Dotted module name -> file, for run.py and every .py of the package."""
     out = {"run": root / "run.py"} if (root / "run.py").exists() else {}
-    for pkg in FLOORS:
-        for f in sorted((root / pkg).rglob("*.py")) if (root / pkg).is_dir() else []:
-            parts = f.relative_to(root).with_suffix("").parts
-            out[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = f
+    for f in sorted((root / PKG).rglob("*.py")) if (root / PKG).is_dir() else []:
+        parts = f.relative_to(root).with_suffix("").parts
+        out[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = f
     return out
 
 
@@ -63,7 +64,9 @@ def import_graph(root: Path) -> dict[str, set[str]]:
 
 
 def top(mod: str) -> str:
-    return mod.split(".")[0]
+    """The floor's name: run, or the package's first level (optladder.engine.model -> engine)."""
+    parts = mod.split(".")
+    return parts[1] if parts[0] == PKG and len(parts) > 1 else parts[0]
 
 
 def upward_imports(graph: dict[str, set[str]]) -> list[str]:
@@ -128,42 +131,42 @@ def plant(root: Path, files: dict[str, str]) -> Path:
 
 
 def test_checker_finds_an_upward_import_inside_a_function(tmp_path):
-    root = plant(tmp_path, {"engine/__init__.py": "", "engine/core.py": "def f():\n    from experiments import x\n",
-                            "experiments/__init__.py": "", "experiments/x.py": "import engine.core\n"})
+    root = plant(tmp_path, {"optladder/engine/__init__.py": "",
+                            "optladder/engine/core.py": "def f():\n    from optladder.experiments import x\n",
+                            "optladder/experiments/__init__.py": "", "optladder/experiments/x.py": "import optladder.engine.core\n"})
     graph = import_graph(root)
-    assert upward_imports(graph) == ["engine.core -> experiments.x"]
-    assert cycles(graph) == [["engine.core", "experiments.x"]]
+    assert upward_imports(graph) == ["optladder.engine.core -> optladder.experiments.x"]
+    assert cycles(graph) == [["optladder.engine.core", "optladder.experiments.x"]]
 
 
 def test_checker_finds_a_lateral_circle_and_a_relative_one(tmp_path):
-    root = plant(tmp_path, {"abtest/__init__.py": "", "abtest/a.py": "from traffic.b import y\n",
-                            "traffic/__init__.py": "", "traffic/b.py": "from abtest import a\n",
-                            "quality/__init__.py": "", "quality/p.py": "from . import q\n",
-                            "quality/q.py": "from .p import z\n"})
+    root = plant(tmp_path, {"optladder/abtest/__init__.py": "", "optladder/abtest/a.py": "from optladder.traffic.b import y\n",
+                            "optladder/traffic/__init__.py": "", "optladder/traffic/b.py": "from optladder.abtest import a\n",
+                            "optladder/quality/__init__.py": "", "optladder/quality/p.py": "from . import q\n",
+                            "optladder/quality/q.py": "from .p import z\n"})
     graph = import_graph(root)
     assert upward_imports(graph) == []  # same floor: sideways is allowed, a loop is not
-    assert cycles(graph) == [["abtest.a", "traffic.b"], ["quality.p", "quality.q"]]
+    assert cycles(graph) == [["optladder.abtest.a", "optladder.traffic.b"], ["optladder.quality.p", "optladder.quality.q"]]
     assert cycles(package_graph(graph)) == [["abtest", "traffic"]]
 
 
 def test_checker_finds_hydra_below_experiments(tmp_path):
-    root = plant(tmp_path, {"abtest/__init__.py": "", "abtest/g.py": "from omegaconf import DictConfig\n",
-                            "experiments/__init__.py": "", "experiments/e.py": "import hydra\n"})
-    assert hydra_imports(import_graph(root)) == ["abtest.g -> omegaconf"]
+    root = plant(tmp_path, {"optladder/abtest/__init__.py": "", "optladder/abtest/g.py": "from omegaconf import DictConfig\n",
+                            "optladder/experiments/__init__.py": "", "optladder/experiments/e.py": "import hydra\n"})
+    assert hydra_imports(import_graph(root)) == ["optladder.abtest.g -> omegaconf"]
 
 
 def test_checker_finds_one_bad_import_planted_in_a_copy_of_the_tree(tmp_path):
     import shutil
 
-    for pkg in [p for p in FLOORS if p != "run"]:
-        shutil.copytree(ROOT / pkg, tmp_path / pkg, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(ROOT / PKG, tmp_path / PKG, ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copy(ROOT / "run.py", tmp_path / "run.py")
     assert upward_imports(import_graph(tmp_path)) == []
-    opts = tmp_path / "engine" / "opts.py"
-    opts.write_text(opts.read_text() + "\n\ndef _late():\n    from experiments.schema import Config\n")
+    opts = tmp_path / PKG / "engine" / "opts.py"
+    opts.write_text(opts.read_text() + "\n\ndef _late():\n    from optladder.experiments.schema import Config\n")
     graph = import_graph(tmp_path)
-    assert upward_imports(graph) == ["engine.opts -> experiments.schema"]
-    assert any("engine.opts" in c for c in cycles(graph))  # experiments.schema imports engine.opts
+    assert upward_imports(graph) == ["optladder.engine.opts -> optladder.experiments.schema"]
+    assert any("optladder.engine.opts" in c for c in cycles(graph))  # experiments.schema imports engine.opts
 
 
 # --- the real tree ---
@@ -175,9 +178,10 @@ def graph():
 
 def test_the_tree_is_seen(graph):
     """A checker that saw nothing would pass everything: the known edges must be there."""
-    assert {"engine.llm_engine", "serving.server", "experiments.experiment", "run"} <= set(graph)
-    assert "engine.llm_engine" in graph["serving.server"]
-    assert "experiments.schema" in graph["run"]
+    assert {"optladder.engine.llm_engine", "optladder.serving.server", "optladder.experiments.experiment", "run",
+            "optladder.cli"} <= set(graph)
+    assert "optladder.engine.llm_engine" in graph["optladder.serving.server"]
+    assert "optladder.experiments.schema" in graph["optladder.cli"] and graph["run"] == {"optladder.cli"}
 
 
 def test_no_import_runs_back_up_the_floors(graph):
@@ -194,7 +198,7 @@ def test_hydra_only_at_the_top(graph):
 
 
 def test_engine_imports_only_itself(graph):
-    foreign = {d for m, deps in graph.items() if top(m) == "engine" for d in deps if top(d) != "engine"}
+    foreign = {d for m, deps in graph.items() if top(m) == "engine" for d in deps if top(d) not in ("engine", "paths")}
     assert foreign == set()
 
 
@@ -207,6 +211,6 @@ def test_the_readme_layout_names_every_folder_and_conf_group():
         pytest.skip("not a git checkout: which folders belong to the project is git's to say")
     folders = {f.split("/")[0] for f in tracked if "/" in f and not f.startswith(".")}
     assert named == folders | {"run.py"}
-    groups = {p.name for p in (ROOT / "conf").iterdir() if p.is_dir()}
+    groups = {p.name for p in (ROOT / "optladder" / "conf").iterdir() if p.is_dir()}
     conf_lines = " ".join(line for line in block.splitlines() if line.startswith("  "))
     assert {g for g in groups if f"{g}/" not in conf_lines} == set()

@@ -3,10 +3,10 @@ from __future__ import annotations
 
 import pytest
 
-from experiments.load_curves import pareto_frontier, points, write_load_curves
-from traffic.arrivals import gamma_arrivals, poisson_arrivals
-from traffic.load_levels import level_metrics, plan_levels
-from traffic.request import Request, RequestRecord
+from optladder.experiments.load_curves import pareto_frontier, points, write_load_curves
+from optladder.traffic.arrivals import gamma_arrivals, poisson_arrivals
+from optladder.traffic.load_levels import level_metrics, plan_levels
+from optladder.traffic.request import Request, RequestRecord
 
 
 def requests(times: list[float]) -> list[Request]:
@@ -69,7 +69,7 @@ def test_pareto_frontier_keeps_only_undominated_points(tmp_path):
 
 
 def test_level_plans_are_whole():
-    from traffic.load_levels import LevelPlan
+    from optladder.traffic.load_levels import LevelPlan
 
     reqs = requests([0.0, 1.0])
     assert plan_levels(reqs, [2, 3], "closed", 1.0, 1.0) == [
@@ -91,7 +91,7 @@ def test_bad_levels_are_refused_whole(levels, arrival, msg):
 
 
 def test_level_metrics_edges():
-    from traffic.metrics import SLO
+    from optladder.traffic.metrics import SLO
 
     recs = [record(0, 0.0, 2.0, 10), record(1, 1.0, 3.0, 20)]
     assert level_metrics(recs)["load/out_tok_s_per_gpu"] == pytest.approx(10.0)  # one GPU by default

@@ -1,7 +1,7 @@
 """Is a candidate lossless against its control? Decided on the two resolved configs as plain dicts."""
 from __future__ import annotations
 
-from abtest.lossless import arms_lossless, leaves
+from optladder.abtest.lossless import arms_lossless, leaves
 
 BASE = {"engine": {"name": "reference", "paged_kv": False, "flash_attn": False, "dtype": "auto", "batch_size": 8,
                    "server": {"extra_args": []}},
@@ -55,7 +55,7 @@ def test_any_other_difference_is_lossy_and_named_with_both_values():
 
 
 def test_auto_checks_half_precision_teacher_forced_and_float32_exactly():
-    from abtest.lossless import lossless_check
+    from optladder.abtest.lossless import lossless_check
 
     assert lossless_check("auto", ("float32", "float32"))[0] == "exact"
     check, why = lossless_check("auto", ("bfloat16", "bfloat16"))
@@ -66,7 +66,7 @@ def test_auto_checks_half_precision_teacher_forced_and_float32_exactly():
 
 
 def test_teacher_forcing_covers_only_the_switches_its_pass_runs():
-    from abtest.lossless import teacher_forcing_covers
+    from optladder.abtest.lossless import teacher_forcing_covers
 
     assert teacher_forcing_covers(BASE, with_(engine__flash_attn=True, engine__paged_kv=True))
     assert teacher_forcing_covers(BASE, BASE)
@@ -76,7 +76,7 @@ def test_teacher_forcing_covers_only_the_switches_its_pass_runs():
 
 
 def test_an_arms_dtype_as_this_host_resolves_it_or_as_written():
-    from experiments.ab_run import resolved_dtype
+    from optladder.experiments.ab_run import resolved_dtype
 
     assert resolved_dtype({"engine": {"name": "reference", "dtype": "auto", "device": "cpu"}}) == "float32"
     assert resolved_dtype({"engine": {"name": "reference", "dtype": "bfloat16", "device": "cpu"}}) == "bfloat16"
@@ -97,7 +97,7 @@ def _ab_arm(name: str) -> tuple[dict, dict]:
 
 def test_an_opt_in_effect_in_one_arm_only_is_named():
     """The H200's engine A/B: vLLM fuses whatever fused_kernels says, the reference control ran without it."""
-    from abtest.lossless import opts_in_effect_differ
+    from optladder.abtest.lossless import opts_in_effect_differ
 
     (ctl, ctl_eff), (cand, cand_eff) = _ab_arm("control"), _ab_arm("candidate")
     found = opts_in_effect_differ(ctl, cand, ctl_eff, cand_eff)
@@ -112,7 +112,7 @@ def test_an_opt_in_effect_in_one_arm_only_is_named():
 
 
 def test_the_opt_an_ab_asks_about_is_not_reported():
-    from abtest.lossless import opts_in_effect_differ
+    from optladder.abtest.lossless import opts_in_effect_differ
 
     ctl, ctl_eff = _ab_arm("control")
     cand = {**ctl, "engine": {**ctl["engine"], "fused_kernels": True}}  # +ab with +opt=fused_kernels in the candidate

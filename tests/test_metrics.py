@@ -3,8 +3,8 @@ import math
 
 import pytest
 
-from traffic.metrics import SLO, compute_metrics, lateness_warning, percentile, summarize
-from traffic.request import RequestRecord
+from optladder.traffic.metrics import SLO, compute_metrics, lateness_warning, percentile, summarize
+from optladder.traffic.request import RequestRecord
 
 
 def rec(id, sched, sent, tokens, ok=True):
@@ -114,7 +114,7 @@ def test_lateness_warning_boundary_units_and_default_wording():
 
 
 def test_makespan_runs_from_the_first_send_to_the_last_finish():
-    from traffic.metrics import makespan
+    from optladder.traffic.metrics import makespan
 
     assert makespan([rec("a", 0.0, 2.0, [3.0]), rec("b", 0.0, 2.5, [4.0])]) == pytest.approx(2.0)
     assert makespan([RequestRecord("u", 0.0, 1, 1, sent_at=1.0)]) == 0.0  # sent, never finished

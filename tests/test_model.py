@@ -12,16 +12,16 @@ import torch
 from omegaconf import OmegaConf
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from engine.block_manager import BlockManager
-from engine.config import EngineConfig, ModelConfig
-from engine.llm_engine import LLMEngine
-from engine.loader import converted_dir, model_shape
-from engine.model import LlamaShape
-from engine.scheduler import Batch
-from engine.sequence import SamplingParams, Sequence
-from engine.tokenizer import chat_token_ids
+from optladder.engine.block_manager import BlockManager
+from optladder.engine.config import EngineConfig, ModelConfig
+from optladder.engine.llm_engine import LLMEngine
+from optladder.engine.loader import converted_dir, model_shape
+from optladder.engine.model import LlamaShape
+from optladder.engine.scheduler import Batch
+from optladder.engine.sequence import SamplingParams, Sequence
+from optladder.engine.tokenizer import chat_token_ids
 
-CONF = Path(__file__).resolve().parents[1] / "conf"
+CONF = Path(__file__).resolve().parents[1] / "optladder" / "conf"
 PROMPTS = ("Name three primary colors and say which two make green, then explain why in one sentence.", "Hi!")
 NUM_DECODE = 6
 SWITCHES = {"contiguous+naive": {}, "paged+naive": dict(paged_kv=True), "contiguous+fused": dict(flash_attn=True),

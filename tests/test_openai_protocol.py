@@ -1,10 +1,10 @@
-"""The OpenAI wire format as the reference server speaks it (serving/openai_protocol.py), without a server:
+"""The OpenAI wire format as the reference server speaks it (optladder/serving/openai_protocol.py), without a server:
 what a request body turns into, what is refused and why, and the shape of what goes back."""
 from __future__ import annotations
 
 import pytest
 
-from serving.openai_protocol import BadRequest, chunk, final_response, parse_chat, parse_completion
+from optladder.serving.openai_protocol import BadRequest, chunk, final_response, parse_chat, parse_completion
 
 MAX_LEN, VOCAB = 64, 1000
 

@@ -1,6 +1,6 @@
-"""The paired bootstrap of mean deltas through its public function (abtest/stats.py): its arguments and
+"""The paired bootstrap of mean deltas through its public function (optladder/abtest/stats.py): its arguments and
 samples checked, and the edges where every resample gives the same delta. Latency intervals over run
-pairs: tests/test_aa.py and abtest/run_pairs.py."""
+pairs: tests/test_aa.py and optladder/abtest/run_pairs.py."""
 from __future__ import annotations
 
 import re
@@ -8,7 +8,7 @@ import re
 import numpy as np
 import pytest
 
-from abtest.stats import Interval, bootstrap_mean_delta
+from optladder.abtest.stats import Interval, bootstrap_mean_delta
 
 
 

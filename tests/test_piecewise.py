@@ -1,4 +1,4 @@
-"""piecewise_graphs (engine/piecewise.py): steps with prompt tokens through the layer's pieces around an eager
+"""piecewise_graphs (optladder/engine/piecewise.py): steps with prompt tokens through the layer's pieces around an eager
 attention, padded to a token bucket. On the CPU the pieces run without capture, so what is checked here is the
 cutting, the padding and the static buffers: the same logits and tokens as the eager forward, the same KV in
 every live block (padding rows write only the dummy slot, even after a longer step left live slots in the
@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine.piecewise import PiecewiseGraphRunner, token_buckets
+from optladder.engine.piecewise import PiecewiseGraphRunner, token_buckets
 from tests.test_gpu_paths import CUDA, DEVICE, tiny_model
 
 BLOCK = 8
@@ -22,10 +22,10 @@ def make_runner(model, flash: bool = False, fused: bool = False):
     """flash: on CUDA the Triton varlen kernel (what the engine runs there; it takes float32 too), on the CPU
     SDPA; else naive attention. fused: the fused layer (fused_kernels), with the Triton varlen kernel (on the
     CPU through Triton's interpreter), the only attention it runs varlen steps with."""
-    from engine.attention import FusedAttention, NaiveAttention
-    from engine.block_manager import KVLayout
-    from engine.model import DecodeKernels
-    from engine.model_runner import ModelRunner
+    from optladder.engine.attention import FusedAttention, NaiveAttention
+    from optladder.engine.block_manager import KVLayout
+    from optladder.engine.model import DecodeKernels
+    from optladder.engine.model_runner import ModelRunner
 
     s = model.shape
     attn = FusedAttention(DEVICE, s.num_attention_heads, s.num_key_value_heads, triton=CUDA or fused) \
@@ -39,8 +39,8 @@ def script(runner, plan):
     """Varlen steps through runner.forward: plan is a list of steps, each {seq index: tokens to compute}; a
     sequence whose prompt is all computed gets its greedy token appended. Returns the logits of each step and
     the tokens of each sequence."""
-    from engine.scheduler import Batch
-    from engine.sequence import SamplingParams, Sequence
+    from optladder.engine.scheduler import Batch
+    from optladder.engine.sequence import SamplingParams, Sequence
 
     g = torch.Generator().manual_seed(5)
     lengths = [37, 9, 21, 3]
@@ -130,7 +130,7 @@ def test_fused_pieces_leave_a_step_without_the_varlen_kernel_to_the_eager_path()
     runner.piecewise = PiecewiseGraphRunner(model, DEVICE, 64, dummy_slot=NUM_SEQS * PER_SEQ * BLOCK,
                                             kernels=runner.kernels, capture=CUDA)
     ids, pos = torch.tensor([1, 2, 3], device=DEVICE), torch.tensor([0, 1, 2], device=DEVICE)
-    from engine.attention import AttnMeta
+    from optladder.engine.attention import AttnMeta
 
     meta = AttnMeta(True, torch.tensor([0, 1, 2], device=DEVICE), torch.zeros(1, 1, dtype=torch.int32, device=DEVICE),
                     torch.tensor([3], device=DEVICE), 3, [3], [3])  # no tiles: SDPA would need k and v
@@ -139,8 +139,8 @@ def test_fused_pieces_leave_a_step_without_the_varlen_kernel_to_the_eager_path()
 
 
 def test_piecewise_graphs_is_refused_without_cuda_graphs_with_lossy_formats_and_on_a_cpu():
-    from engine.config import EngineConfig
-    from engine.validation import validate_engine
+    from optladder.engine.config import EngineConfig
+    from optladder.engine.validation import validate_engine
 
     with pytest.raises(ValueError, match="piecewise_graphs needs cuda_graphs"):
         validate_engine(EngineConfig(piecewise_graphs=True), "cuda")
@@ -162,7 +162,7 @@ needs_cuda = pytest.mark.skipif(not CUDA, reason="needs a CUDA device")
 @needs_cuda
 def test_fused_pieces_with_the_skinny_gemm_in_bf16_stay_within_rounding_of_the_eager_step():
     # the GEMV serves buckets of up to 16 rows in bf16: the 12-token first step pads to 16 and runs it
-    from engine.model import DecodeKernels
+    from optladder.engine.model import DecodeKernels
 
     model = tiny_model(torch.bfloat16)
     eager = make_runner(model, fused=True)
@@ -183,14 +183,14 @@ def test_fused_pieces_with_the_skinny_gemm_in_bf16_stay_within_rounding_of_the_e
 def test_the_engine_with_piecewise_graphs_gives_the_eager_engines_tokens():
     # through LLMEngine: the runner's dummy slot, the cap min(max_num_batched_tokens, piecewise_max_tokens), the
     # evidence; float32 and naive attention, so any difference is the pieces', not rounding's
-    from engine.config import EngineConfig
-    from engine.llm_engine import LLMEngine
-    from engine.sequence import SamplingParams
+    from optladder.engine.config import EngineConfig
+    from optladder.engine.llm_engine import LLMEngine
+    from optladder.engine.sequence import SamplingParams
     import yaml
-    from engine.config import ModelConfig
+    from optladder.engine.config import ModelConfig
 
     def model_config(name):  # the YAML read directly (the GPU image has no omegaconf), the synthetic tokenizer (nor SmolLM2's files)
-        cfg = yaml.safe_load((Path(__file__).resolve().parents[1] / "conf" / "model" / f"{name}.yaml").read_text())
+        cfg = yaml.safe_load((Path(__file__).resolve().parents[1] / "optladder" / "conf" / "model" / f"{name}.yaml").read_text())
         return ModelConfig(**{**cfg, "tokenizer": "synthetic"})
 
     def run(**kw):

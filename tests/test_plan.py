@@ -7,11 +7,11 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from engine.llm_engine import LLMEngine
-from engine.loader import model_shape
-from engine.sequence import SamplingParams, Sequence
-from experiments.kv_plan import kv_budget, plan_kv
-from experiments.plan import main as plan_main
+from optladder.engine.llm_engine import LLMEngine
+from optladder.engine.loader import model_shape
+from optladder.engine.sequence import SamplingParams, Sequence
+from optladder.experiments.kv_plan import kv_budget, plan_kv
+from optladder.experiments.plan import main as plan_main
 from tests.conftest import compose_config
 
 

@@ -5,7 +5,7 @@ import json
 
 import torch
 
-from backends.profiling import OPS_FILE, TRACE_FILE, ProfileConfig, ProfiledEngine
+from optladder.backends.profiling import OPS_FILE, TRACE_FILE, ProfileConfig, ProfiledEngine
 
 
 class MatmulEngine:

@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from quality import (
+from optladder.quality import (
     PromptItem, QualityConfig, load_prompt_set, prompts_digest, score_vs_control, score_vs_references,
     to_metrics, write_review_html,
 )
-from quality.prompts import BUILTIN_PATH
+from optladder.quality.prompts import BUILTIN_PATH
 
 REPO = Path(__file__).resolve().parents[1]
 DATA = Path(os.environ.get("OPTLADDER_DATA") or REPO.parent / "shared" / "data")

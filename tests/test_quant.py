@@ -1,6 +1,6 @@
-"""The quantization opts (engine/quant.py) and the damaged-model knob (engine/damage.py) on a CPU: the
+"""The quantization opts (optladder/engine/quant.py) and the damaged-model knob (optladder/engine/damage.py) on a CPU: the
 rounding, each kernel against a float64 reference, the swap's byte count, refusals before weights load,
-and the engine's teacher-forced scoring (engine/scoring.py) against its own greedy decoding."""
+and the engine's teacher-forced scoring (optladder/engine/scoring.py) against its own greedy decoding."""
 from __future__ import annotations
 
 import os
@@ -9,12 +9,12 @@ import pytest
 import torch
 from torch import nn
 
-from engine.config import EngineConfig, ModelConfig
-from engine.damage import damage_model, parse_damage
-from engine.llm_engine import LLMEngine
-from engine.quant import (FP8_MAX, INT8_MAX, QuantLinear, QuantReport, dequantize_rows, quantize_rows,
+from optladder.engine.config import EngineConfig, ModelConfig
+from optladder.engine.damage import damage_model, parse_damage
+from optladder.engine.llm_engine import LLMEngine
+from optladder.engine.quant import (FP8_MAX, INT8_MAX, QuantLinear, QuantReport, dequantize_rows, quantize_rows,
                           quant_method, scaled_mm_fp8, validate_quant)
-from engine.sequence import SamplingParams
+from optladder.engine.sequence import SamplingParams
 
 CUDA = torch.cuda.is_available()
 if not CUDA:  # before the first import of a kernel module: Triton picks the interpreter at decoration
@@ -78,7 +78,7 @@ def test_cpu_bf16_decode_rows_run_the_int8_kernel():
 
 
 def test_cpu_int8_c_kernel_against_float64():
-    from engine.kernels import cpu_int8
+    from optladder.engine.kernels import cpu_int8
 
     if cpu_int8.kernel() is None:
         pytest.skip(cpu_int8.unavailable())
@@ -111,7 +111,7 @@ def test_cpu_int8_c_kernel_against_float64():
 
 
 def test_cpu_float32_decode_rows_run_the_c_kernel():
-    from engine.kernels import cpu_int8
+    from optladder.engine.kernels import cpu_int8
 
     lin = nn.Linear(96, 48, bias=False)
     with torch.no_grad():
@@ -130,7 +130,7 @@ def test_cpu_float32_decode_rows_run_the_c_kernel():
 
 
 def test_cpu_int8_without_the_c_kernel_dequantizes_and_says_why(monkeypatch, tmp_path):
-    from engine.kernels import cpu_int8
+    from optladder.engine.kernels import cpu_int8
 
     lin = nn.Linear(96, 48, bias=False)
     x = torch.randn(4, 96)
@@ -167,7 +167,7 @@ def test_scaled_mm_fp8_quantizes_activations_per_token():
 @pytest.mark.parametrize("method", ["int8", "fp8"])
 def test_wq_gemv_kernel_against_float64(method: str):
     pytest.importorskip("triton")
-    from engine.kernels.wq_gemv import wq_linear
+    from optladder.engine.kernels.wq_gemv import wq_linear
 
     device = "cuda" if CUDA else "cpu"
     q, s = (t.to(device) for t in quantize_rows(weight(70, 200), method))  # N and K not multiples of the tiles
@@ -259,7 +259,7 @@ def test_quant_fp8_needs_fp8_tensor_cores_bf16_and_sizes_of_16(monkeypatch):
 
 
 def test_vllm_maps_fp8_weights_and_refuses_int8():
-    from backends.vllm_args import build_launch
+    from optladder.backends.vllm_args import build_launch
 
     def launch(**kw):
         cfg = EngineConfig(name="vllm", block_size=128, dtype="bfloat16", **kw)
@@ -278,7 +278,7 @@ def test_vllm_maps_fp8_weights_and_refuses_int8():
 # --- kv_fp8 ---
 
 def test_fp8_kv_store_and_gather_round_trip_per_token_and_head():
-    from engine.kv_quant import QuantKV
+    from optladder.engine.kv_quant import QuantKV
 
     cache = QuantKV.zeros(6, 4, 2, 16, torch.float32, torch.device("cpu"))
     x = torch.randn(5, 2, 16)
@@ -295,9 +295,9 @@ def test_fp8_kv_store_and_gather_round_trip_per_token_and_head():
 
 def test_paged_decode_kernel_reads_the_fp8_cache():
     pytest.importorskip("triton")
-    from engine.kernels.paged_decode import paged_decode_attention
-    from engine.kernels.reference import paged_decode_reference, rel_error
-    from engine.kv_quant import QuantKV
+    from optladder.engine.kernels.paged_decode import paged_decode_attention
+    from optladder.engine.kernels.reference import paged_decode_reference, rel_error
+    from optladder.engine.kv_quant import QuantKV
 
     device = torch.device("cuda" if CUDA else "cpu")
     dtype = torch.bfloat16 if CUDA else torch.float32
@@ -320,9 +320,9 @@ def test_paged_decode_kernel_reads_the_fp8_cache():
 def test_varlen_kernel_reads_the_fp8_cache():
     """Mixed steps (chunks after a cache, decode rows) over an fp8 cache, against float64 over its values."""
     pytest.importorskip("triton")
-    from engine.kernels.paged_prefill import block_q, paged_prefill_attention, tile_list
-    from engine.kernels.reference import paged_prefill_reference, rel_error
-    from engine.kv_quant import QuantKV
+    from optladder.engine.kernels.paged_prefill import block_q, paged_prefill_attention, tile_list
+    from optladder.engine.kernels.reference import paged_prefill_reference, rel_error
+    from optladder.engine.kv_quant import QuantKV
 
     device = torch.device("cuda" if CUDA else "cpu")
     dtype = torch.bfloat16 if CUDA else torch.float32
@@ -348,7 +348,7 @@ def test_varlen_kernel_reads_the_fp8_cache():
 
 
 def test_kv_fp8_engine_halves_the_bytes_and_scoring_sees_the_quantized_cache():
-    from engine.kv_quant import QuantKV
+    from optladder.engine.kv_quant import QuantKV
 
     plain = LLMEngine(TINY, EngineConfig(**BASE, paged_kv=True, flash_attn=True))
     fp8 = LLMEngine(TINY, EngineConfig(**BASE, paged_kv=True, flash_attn=True, kv_fp8=True))

@@ -1,12 +1,12 @@
 """The in-process driver on the tiny model: timing fidelity, closed-loop concurrency, rejection, failure."""
 import pytest
 
-from engine.config import EngineConfig, ModelConfig
-from engine.llm_engine import LLMEngine
-from engine.sequence import SamplingParams
-from traffic.replay import InProcessDriver
-from traffic.replay_config import Pacing, ReplayConfig
-from traffic.request import Request
+from optladder.engine.config import EngineConfig, ModelConfig
+from optladder.engine.llm_engine import LLMEngine
+from optladder.engine.sequence import SamplingParams
+from optladder.traffic.replay import InProcessDriver
+from optladder.traffic.replay_config import Pacing, ReplayConfig
+from optladder.traffic.request import Request
 
 TINY = ModelConfig(name="tiny", source="random", tokenizer="smollm2", hidden_size=64, intermediate_size=128,
                    num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
@@ -91,7 +91,7 @@ def test_engine_failure_keeps_finished_records_and_marks_the_rest():
 
 
 def test_a_stop_from_on_record_aborts_the_rest_and_leaves_the_engine_clean(engine):
-    from traffic.replay import StopReplay
+    from optladder.traffic.replay import StopReplay
 
     seen = []
 
@@ -113,7 +113,7 @@ def test_a_stop_from_on_record_aborts_the_rest_and_leaves_the_engine_clean(engin
 
 
 def test_an_engine_without_abort_is_replayed_to_the_end_despite_a_stop(engine):
-    from traffic.replay import StopReplay
+    from optladder.traffic.replay import StopReplay
 
     class NoAbort:  # what the driver needs, and no abort_request
         def __init__(self, e):
@@ -130,7 +130,7 @@ def test_an_engine_without_abort_is_replayed_to_the_end_despite_a_stop(engine):
 def test_an_engine_failure_under_a_stopping_callback_is_still_the_error_raised():
     # stop_when_missed raises at the first failed record; while the driver reports the engine's failure that
     # must neither replace the engine's error nor leave records unreported
-    from traffic.capacity import stop_when_missed
+    from optladder.traffic.capacity import stop_when_missed
 
     eng = DiesAfter(TINY, EngineConfig(kv_cache_gb=0.02, max_model_len=256, dynamic_batching=True))
     seen = []
@@ -147,7 +147,7 @@ def test_an_engine_failure_under_a_stopping_callback_is_still_the_error_raised()
 
 
 def test_an_open_loop_replay_stops_too_and_unsent_requests_fail(engine):
-    from traffic.replay import StopReplay
+    from optladder.traffic.replay import StopReplay
 
     def on_record(rec):
         raise StopReplay("decided")

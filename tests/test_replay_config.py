@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from traffic.replay_config import Pacing, ReplayConfig
+from optladder.traffic.replay_config import Pacing, ReplayConfig
 
 
 @pytest.mark.parametrize("kwargs, message", [

@@ -3,11 +3,11 @@ from __future__ import annotations
 
 import matplotlib.image as mpimg
 
-from experiments.plots import plot_run
-from experiments.report import footer, results_table
-from experiments.schema import TrackingConfig
-from experiments.tracking import resolve_uri
-from traffic.request import RequestRecord
+from optladder.experiments.plots import plot_run
+from optladder.experiments.report import footer, results_table
+from optladder.experiments.schema import TrackingConfig
+from optladder.experiments.tracking import resolve_uri
+from optladder.traffic.request import RequestRecord
 
 
 def test_results_table_formats_what_was_measured_and_dashes_the_rest():

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import json
 
-from traffic.request import Request, RequestRecord, requests_digest
+from optladder.traffic.request import Request, RequestRecord, requests_digest
 
 
 def test_a_record_is_one_compact_json_line_that_reads_back_the_same():

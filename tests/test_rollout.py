@@ -1,5 +1,5 @@
 """What a passing verdict leads to, exactly: the staged plan, the registry's files, and the rollback command's
-words (abtest/rollout.py, abtest/rollback.py)."""
+words (optladder/abtest/rollout.py, optladder/abtest/rollback.py)."""
 from __future__ import annotations
 
 import json
@@ -8,9 +8,9 @@ import time
 
 import pytest
 
-from abtest.rollback import describe, main
-from abtest.rollout import DEFAULT_REGISTRY, current, promote, rollback, rollout_plan
-from abtest.verdict import GateResult, Verdict
+from optladder.abtest.rollback import describe, main
+from optladder.abtest.rollout import DEFAULT_REGISTRY, current, promote, rollback, rollout_plan
+from optladder.abtest.verdict import GateResult, Verdict
 
 PASSED = Verdict("pass", [GateResult("exact_match", "quality/exact_match_vs_control", "pass", "ok", None, 1.0),
                           GateResult("latency_max_regression", "perf/e2e_ms_p99", "pass", "ok", 1.0, 1.0)], 0,
@@ -98,9 +98,9 @@ def test_describe_and_the_rollback_command(tmp_path, capsys):
 
 
 def test_the_command_defaults_to_the_project_registry_and_explains_itself(tmp_path, monkeypatch, capsys):
-    import abtest.rollback
+    import optladder.abtest.rollback as rollback
 
-    monkeypatch.setattr(abtest.rollback, "DEFAULT_REGISTRY", tmp_path / "rollouts")
+    monkeypatch.setattr(rollback, "DEFAULT_REGISTRY", tmp_path / "rollouts")
     assert main(["--show"]) == 0 and capsys.readouterr().out == f"no promoted baseline in {tmp_path / 'rollouts'}\n"
     with pytest.raises(SystemExit):
         main(["--help"])

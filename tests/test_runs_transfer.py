@@ -1,4 +1,4 @@
-"""Runs made on another machine come home (experiments/runs_transfer.py over mlflow-export-import): a ladder-like
+"""Runs made on another machine come home (optladder/experiments/runs_transfer.py over mlflow-export-import): a ladder-like
 parent with a finished and a killed child, metric histories and artifacts, exported from one SQLite store and
 imported into another, arrive nested with their statuses, params, metrics and files; a second import adds
 nothing; a folder that is not an export is refused by name."""
@@ -13,7 +13,9 @@ import pytest
 pytest.importorskip("mlflow_export_import")
 from mlflow.tracking import MlflowClient  # noqa: E402
 
-from experiments.runs_transfer import SOURCE_TAG, import_runs  # noqa: E402
+from optladder.experiments.runs_transfer import SOURCE_TAG, import_runs  # noqa: E402
+
+pytestmark = pytest.mark.e2e  # processes of their own: the command, a server, a shell script
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -42,8 +44,8 @@ def make_source(tmp: Path) -> tuple[str, dict]:
 
 
 def export(src_uri: str, out: Path) -> None:
-    """`python -m experiments.runs_transfer export`, as the GPU host runs it."""
-    p = subprocess.run([sys.executable, "-m", "experiments.runs_transfer", "export", "--uri", src_uri,
+    """`python -m optladder.experiments.runs_transfer export`, as the GPU host runs it."""
+    p = subprocess.run([sys.executable, "-m", "optladder.experiments.runs_transfer", "export", "--uri", src_uri,
                         "--out", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr[-3000:]
     assert "3 run(s)" in p.stdout
@@ -113,7 +115,7 @@ def test_an_export_travels_as_a_gzipped_tar_and_a_broken_or_missing_one_is_refus
     with tarfile.open(archive, "w:gz") as tar:
         tar.add(out, arcname="mlflow-export")
     dst_uri = f"sqlite:///{tmp_path / 'home.db'}"
-    p = subprocess.run([sys.executable, "-m", "experiments.runs_transfer", "import", str(archive), "--to", dst_uri],
+    p = subprocess.run([sys.executable, "-m", "optladder.experiments.runs_transfer", "import", str(archive), "--to", dst_uri],
                        cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr[-3000:]
     assert "3 run(s) imported, 0 already there" in p.stdout

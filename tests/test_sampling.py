@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 
 from tests.conftest import data_root
-from traffic.sampling import fit_lengths, ks_distance, stratified_sample, window_sample
-from traffic.traces import TraceRow, load_trace
+from optladder.traffic.sampling import fit_lengths, ks_distance, stratified_sample, window_sample
+from optladder.traffic.traces import TraceRow, load_trace
 
 AZURE_FILE = "traces/azure_conv_2023.csv"
 
@@ -152,14 +152,14 @@ def test_sample_size_and_empty_trace_are_checked():
 
 
 def test_quantile_bins_are_exact_and_ties_go_right():
-    from traffic.sampling import _quantile_bins
+    from optladder.traffic.sampling import _quantile_bins
 
     assert _quantile_bins(np.arange(1, 9), 4).tolist() == [0, 0, 1, 1, 2, 2, 3, 3]
     assert _quantile_bins(np.array([1, 2, 2, 3]), 2).tolist() == [0, 1, 1, 1]  # the median 2 is an edge
 
 
 def test_largest_remainder_hands_leftovers_to_the_largest_remainders_first():
-    from traffic.sampling import _largest_remainder
+    from optladder.traffic.sampling import _largest_remainder
 
     assert _largest_remainder(np.array([5, 3, 2]), 5).tolist() == [3, 1, 1]  # ties: the first cell
     assert _largest_remainder(np.array([2, 9]), 5).tolist() == [1, 4]  # remainder .91 beats .09

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import pytest
 
-from engine.block_manager import BlockManager
-from engine.config import EngineConfig
-from engine.scheduler import Batch, Scheduler
-from engine.sequence import SamplingParams, Sequence, SeqStatus
+from optladder.engine.block_manager import BlockManager
+from optladder.engine.config import EngineConfig
+from optladder.engine.scheduler import Batch, Scheduler
+from optladder.engine.sequence import SamplingParams, Sequence, SeqStatus
 
 MAX_LEN = 64
 

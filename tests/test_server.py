@@ -8,9 +8,9 @@ import urllib.request
 
 import pytest
 
-from engine.config import EngineConfig, ModelConfig
-from engine.llm_engine import LLMEngine
-from serving.server import serve
+from optladder.engine.config import EngineConfig, ModelConfig
+from optladder.engine.llm_engine import LLMEngine
+from optladder.serving.server import serve
 
 TINY = ModelConfig(name="tiny", source="random", package=None, gguf_file=None, tokenizer="smollm2",
                    hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,

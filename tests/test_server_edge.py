@@ -9,9 +9,9 @@ import time
 import pytest
 from test_server import TINY, get, post
 
-from engine.config import EngineConfig
-from engine.llm_engine import LLMEngine
-from serving.server import serve
+from optladder.engine.config import EngineConfig
+from optladder.engine.llm_engine import LLMEngine
+from optladder.serving.server import serve
 
 KEY = "s3cret-key"
 LIMIT = 64 << 10  # a small body limit, so an oversized body is cheap to send

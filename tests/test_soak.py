@@ -7,12 +7,12 @@ import json
 import pytest
 from mlflow.tracking import MlflowClient
 
-from abtest.soak import Sample, SoakConfig, decide, windows
-from experiments.soak_core import bad_schedule, looped
-from experiments.soak_run import run_soak
+from optladder.abtest.soak import Sample, SoakConfig, decide, windows
+from optladder.experiments.soak_core import bad_schedule, looped
+from optladder.experiments.soak_run import run_soak
 from tests.conftest import compose_config
-from traffic.bad_requests import EXPECTED, KINDS
-from traffic.request import Request
+from optladder.traffic.bad_requests import EXPECTED, KINDS
+from optladder.traffic.request import Request
 
 CFG = SoakConfig(duration_min=10, window_s=60, warmup_min=2, max_mem_slope_mib_min=1.0, max_p999_ratio=1.5)
 
@@ -88,6 +88,7 @@ def test_the_loop_keeps_the_workloads_timing_and_bad_kinds_take_turns():
     assert [k for _, k in plan[:len(KINDS)]] == list(KINDS) and all(t < 600 for t, _ in plan)
 
 
+@pytest.mark.e2e
 def test_a_short_soak_end_to_end(tmp_path, one_torch_thread):
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     over = [f"tracking.uri={uri}", "+soak=smoke", "soak.duration_min=0.4", "soak.window_s=8", "soak.warmup_min=0.1",

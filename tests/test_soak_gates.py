@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from abtest.soak import Gate, Sample, SoakConfig, Window, as_dicts, bad_table, decide, slope_mib_per_min, windows
+from optladder.abtest.soak import Gate, Sample, SoakConfig, Window, as_dicts, bad_table, decide, slope_mib_per_min, windows
 
 
 # --- SoakConfig ---------------------------------------------------------------------------------------------

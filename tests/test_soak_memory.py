@@ -1,7 +1,7 @@
 """What a soak's 30 minutes found: the engine behind its HTTP server kept ~300 bytes per engine step (a duration
 per stage per step in StageTimers, a (time, reserved, used) point per step in KVTimeline), ~10 KB a request,
 +1.16 MiB/min of anonymous memory at 100 requests a minute. Measured here on the real path (tiny model,
-serving/server.py, the engine loop, HTTP requests) with tracemalloc: Python memory after 2N and 3N requests
+optladder/serving/server.py, the engine loop, HTTP requests) with tracemalloc: Python memory after 2N and 3N requests
 must not grow with N. And the bounded stats must still say what the unbounded ones said."""
 from __future__ import annotations
 
@@ -15,10 +15,10 @@ from urllib.parse import urlparse
 
 import pytest
 
-from engine.config import EngineConfig
-from engine.llm_engine import LLMEngine
-from engine.stats import KVTimeline, StageTimers
-from serving.server import serve
+from optladder.engine.config import EngineConfig
+from optladder.engine.llm_engine import LLMEngine
+from optladder.engine.stats import KVTimeline, StageTimers
+from optladder.serving.server import serve
 from tests.test_engine_equivalence import model_config
 
 MAX_TOKENS = 24
@@ -45,6 +45,7 @@ def _python_bytes_after(n: int, url, rng: random.Random) -> int:
     return tracemalloc.get_traced_memory()[0]
 
 
+@pytest.mark.e2e
 def test_an_engine_behind_its_server_keeps_no_python_memory_per_request(one_torch_thread):
     engine = LLMEngine(model_config("tiny"), EngineConfig(device="cpu", max_model_len=256, kv_cache_gb=0.02,
                                                           paged_kv=True, dynamic_batching=True,

@@ -13,13 +13,13 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from engine.block_manager import BlockManager
-from engine.config import EngineConfig, SpeculativeConfig
-from engine.llm_engine import LLMEngine
-from engine.model_runner import draw
-from engine.scheduler import Scheduler
-from engine.sequence import SamplingParams, Sequence
-from engine.speculative import NgramProposer, Speculator
+from optladder.engine.block_manager import BlockManager
+from optladder.engine.config import EngineConfig, SpeculativeConfig
+from optladder.engine.llm_engine import LLMEngine
+from optladder.engine.model_runner import draw
+from optladder.engine.scheduler import Scheduler
+from optladder.engine.sequence import SamplingParams, Sequence
+from optladder.engine.speculative import NgramProposer, Speculator
 from tests.conftest import compose_config
 from tests.test_engine_equivalence import ALL, BASE, model_config, runs_of
 
@@ -256,8 +256,8 @@ def test_sampling_with_drafts_runs_rejection_sampling_and_frees_everything(tiny)
 def test_ngram_on_smollm2_repeat_heavy_prompts_is_exact_and_accepts_most_drafts() -> None:
     from pathlib import Path
 
-    from engine.tokenizer import chat_token_ids
-    from quality.user_sets import read_user_set
+    from optladder.engine.tokenizer import chat_token_ids
+    from optladder.quality.user_sets import read_user_set
 
     cfg = model_config("smollm2_135m")
     items, _ = read_user_set(Path(__file__).resolve().parents[1] / "benchmarks" / "data" / "rewrite_prompts.jsonl")
@@ -293,7 +293,7 @@ def test_bad_speculative_settings_fail_when_the_config_is_built(kw, message) -> 
     (SpeculativeConfig("draft_layers", num_draft_layers=2), r"num_draft_layers=2: .*fewer layers than the model's 2.*1..1"),
 ])
 def test_settings_the_model_or_context_cannot_take_are_refused_before_weights_load(monkeypatch, spec, message):
-    import engine.llm_engine as llm_engine
+    import optladder.engine.llm_engine as llm_engine
 
     def no_weights(*a, **k):
         raise AssertionError("weights were loaded before the settings were checked")
@@ -304,7 +304,7 @@ def test_settings_the_model_or_context_cannot_take_are_refused_before_weights_lo
 
 
 def test_the_ab_config_is_a_lossless_candidate_and_a_lossy_change_beside_it_is_not() -> None:
-    from abtest.lossless import arms_lossless
+    from optladder.abtest.lossless import arms_lossless
 
     def resolved(overrides):
         return OmegaConf.to_container(compose_config(overrides), resolve=True)

@@ -1,4 +1,4 @@
-"""The client side of a streamed completion (traffic/sse.py): the exact request body, and how the event
+"""The client side of a streamed completion (optladder/traffic/sse.py): the exact request body, and how the event
 stream's lines become a request's record, errors and cut streams included."""
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import re
 
 import pytest
 
-from traffic.request import RequestRecord
-from traffic.sse import TokenStream, completion_payload
+from optladder.traffic.request import RequestRecord
+from optladder.traffic.sse import TokenStream, completion_payload
 
 REQ = {"id": "r1", "prompt_token_ids": [9, 8, 7], "output_len": 5, "prompt": "hi there", "ignore_eos": True}
 

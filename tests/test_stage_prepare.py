@@ -9,11 +9,11 @@ import time
 import pytest
 from test_engine_equivalence import model_config
 
-from engine.config import EngineConfig
-from engine.llm_engine import LLMEngine
-from engine.model import LlamaModel
-from engine.model_runner import ModelRunner
-from engine.sequence import SamplingParams
+from optladder.engine.config import EngineConfig
+from optladder.engine.llm_engine import LLMEngine
+from optladder.engine.model import LlamaModel
+from optladder.engine.model_runner import ModelRunner
+from optladder.engine.sequence import SamplingParams
 
 BASE = dict(device="cpu", dtype="float32", max_model_len=512, kv_cache_gb=0.2, max_num_seqs=16, block_size=16)
 FORWARD_STAGES = ("prefill", "decode", "mixed", "verify")

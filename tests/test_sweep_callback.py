@@ -1,4 +1,4 @@
-"""A Hydra multirun as one MLflow parent run with a child per job (experiments/callbacks.py), driven through
+"""A Hydra multirun as one MLflow parent run with a child per job (optladder/experiments/callbacks.py), driven through
 the callback's hooks as Hydra calls them; a real `-m` sweep runs in test_cli.py."""
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from hydra.core.utils import JobReturn, JobStatus
 from mlflow.tracking import MlflowClient
 from omegaconf import OmegaConf
 
-from experiments.callbacks import MLflowSweepCallback
-from experiments.tracking import PARENT_ENV
+from optladder.experiments.callbacks import MLflowSweepCallback
+from optladder.experiments.tracking import PARENT_ENV
 
 
 def sweep_config(uri: str, enabled: bool = True):
@@ -64,7 +64,7 @@ def test_a_sweep_job_s_ladder_counts_as_ran_only_once_it_ended(tmp_path):
     listed as failed, with its error, not as ran."""
     import json
 
-    from experiments.callbacks import _job_status
+    from optladder.experiments.callbacks import _job_status
 
     out = tmp_path / "job"
     out.mkdir()

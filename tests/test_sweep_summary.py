@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from scipy import stats as sps
 
-from abtest.sweep import GateSpread, SweepSummary, summarize, summary_markdown
+from optladder.abtest.sweep import GateSpread, SweepSummary, summarize, summary_markdown
 
 LAT = "latency_max_regression:perf/e2e_ms_p99"
 

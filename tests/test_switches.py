@@ -10,28 +10,28 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine.opts import OPTS
+from optladder.engine.opts import OPTS
 
-ENGINE = Path(__file__).resolve().parents[1] / "engine"
-SOURCES = {p.relative_to(ENGINE.parent).as_posix(): p.read_text() for p in sorted(ENGINE.rglob("*.py"))}
+ENGINE = Path(__file__).resolve().parents[1] / "optladder" / "engine"
+SOURCES = {p.relative_to(ENGINE.parents[1]).as_posix(): p.read_text() for p in sorted(ENGINE.rglob("*.py"))}
 
 
 # Each switch's one reader, and what it hands down. A new switch is added here, or the tests below fail.
 READERS = {
-    "paged_kv": "engine/llm_engine.py",  # the KV layout's block size
-    "flash_attn": "engine/llm_engine.py",  # the attention backend
-    "dynamic_batching": "engine/scheduler.py",  # the scheduler's mode
-    "chunked_prefill": "engine/scheduler.py",
-    "batched_decode": "engine/llm_engine.py",  # the detokenizer
-    "cuda_graphs": "engine/llm_engine.py",  # the runner's graph batch
-    "piecewise_graphs": "engine/llm_engine.py",  # the runner's piecewise token buckets
-    "fused_kernels": "engine/llm_engine.py",  # DecodeKernels
-    "skinny_gemm": "engine/llm_engine.py",
-    "prefix_cache": "engine/llm_engine.py",  # the block manager
-    "quant_int8": "engine/quant.py",  # quant_method(cfg): the weights' one quantization method
-    "quant_fp8": "engine/quant.py",
-    "kv_fp8": "engine/llm_engine.py",  # KVLayout.fp8 and the budget's bytes per token
-    "speculative": "engine/llm_engine.py",  # the Speculator and the scheduler's draft slots
+    "paged_kv": "optladder/engine/llm_engine.py",  # the KV layout's block size
+    "flash_attn": "optladder/engine/llm_engine.py",  # the attention backend
+    "dynamic_batching": "optladder/engine/scheduler.py",  # the scheduler's mode
+    "chunked_prefill": "optladder/engine/scheduler.py",
+    "batched_decode": "optladder/engine/llm_engine.py",  # the detokenizer
+    "cuda_graphs": "optladder/engine/llm_engine.py",  # the runner's graph batch
+    "piecewise_graphs": "optladder/engine/llm_engine.py",  # the runner's piecewise token buckets
+    "fused_kernels": "optladder/engine/llm_engine.py",  # DecodeKernels
+    "skinny_gemm": "optladder/engine/llm_engine.py",
+    "prefix_cache": "optladder/engine/llm_engine.py",  # the block manager
+    "quant_int8": "optladder/engine/quant.py",  # quant_method(cfg): the weights' one quantization method
+    "quant_fp8": "optladder/engine/quant.py",
+    "kv_fp8": "optladder/engine/llm_engine.py",  # KVLayout.fp8 and the budget's bytes per token
+    "speculative": "optladder/engine/llm_engine.py",  # the Speculator and the scheduler's draft slots
 }
 
 
@@ -53,18 +53,18 @@ def test_each_switch_is_read_in_exactly_one_place_in_the_engine(opt: str) -> Non
 
 def test_the_quantization_method_is_decided_once() -> None:
     # quant_method(cfg) reads both weight switches: it is called at one place, and the rest gets its answer
-    calls = [r for r in _reads(re.compile(r"(?<!def )\bquant_method\(")) if r[0] != "engine/quant.py"]
-    assert [path for path, _ in calls] == ["engine/llm_engine.py"], calls
+    calls = [r for r in _reads(re.compile(r"(?<!def )\bquant_method\(")) if r[0] != "optladder/engine/quant.py"]
+    assert [path for path, _ in calls] == ["optladder/engine/llm_engine.py"], calls
 
 
 def test_the_runner_and_attention_take_what_the_switches_decided_not_the_config() -> None:
-    from engine.attention import make_backend
-    from engine.model_runner import ModelRunner
+    from optladder.engine.attention import make_backend
+    from optladder.engine.model_runner import ModelRunner
 
-    from engine.speculative import Speculator
+    from optladder.engine.speculative import Speculator
 
-    for path in ("engine/model_runner.py", "engine/attention.py", "engine/speculative.py", "engine/quant.py",
-                 "engine/kv_quant.py", "engine/scoring.py", "engine/batch.py"):
+    for path in ("optladder/engine/model_runner.py", "optladder/engine/attention.py", "optladder/engine/speculative.py", "optladder/engine/quant.py",
+                 "optladder/engine/kv_quant.py", "optladder/engine/scoring.py", "optladder/engine/batch.py"):
         assert "EngineConfig" not in SOURCES[path], path
     assert "cfg" not in inspect.signature(ModelRunner).parameters
     assert "cfg" not in inspect.signature(Speculator).parameters  # it takes the speculative settings only
@@ -73,7 +73,7 @@ def test_the_runner_and_attention_take_what_the_switches_decided_not_the_config(
 
 def test_the_checker_finds_a_second_reader() -> None:
     # the check above must be able to fail: a planted second read is counted
-    text = SOURCES["engine/scheduler.py"] + "\nif self.cfg.chunked_prefill:\n    pass\n"
+    text = SOURCES["optladder/engine/scheduler.py"] + "\nif self.cfg.chunked_prefill:\n    pass\n"
     assert len(re.findall(r"\bcfg\.chunked_prefill\b", text)) == 2
 
 
@@ -85,8 +85,8 @@ def test_fused_decode_kernels_run_when_switched_on_and_keep_the_tokens(monkeypat
 
     if not CUDA and __import__("os").environ.get("TRITON_INTERPRET") != "1":
         pytest.skip("no CUDA and no Triton interpreter")
-    from engine.kernels import fused
-    from engine.model import DecodeKernels
+    from optladder.engine.kernels import fused
+    from optladder.engine.model import DecodeKernels
 
     calls = []
     real = fused.add_rmsnorm
@@ -107,9 +107,9 @@ def test_fused_kernels_serve_varlen_steps_whose_attention_reads_the_cache(monkey
 
     if not CUDA and __import__("os").environ.get("TRITON_INTERPRET") != "1":
         pytest.skip("no CUDA and no Triton interpreter")
-    from engine.attention import FusedAttention
-    from engine.kernels import fused
-    from engine.model import DecodeKernels
+    from optladder.engine.attention import FusedAttention
+    from optladder.engine.kernels import fused
+    from optladder.engine.model import DecodeKernels
 
     calls = []
     real = fused.add_rmsnorm
@@ -127,7 +127,7 @@ def test_fused_kernels_serve_varlen_steps_whose_attention_reads_the_cache(monkey
 
 def test_packed_puts_every_part_on_a_16_byte_boundary_in_one_copy() -> None:
     # Triton compiles a kernel per pointer alignment: views at varying offsets would recompile mid-replay
-    from engine.attention import packed
+    from optladder.engine.attention import packed
 
     for parts in ([[1, 2, 3], [4], [5, 6]], [[7], [8, 9, 10, 11, 12], []]):
         for dtype in (torch.long, torch.int32):

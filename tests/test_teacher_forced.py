@@ -12,11 +12,11 @@ from http.server import BaseHTTPRequestHandler, HTTPServer
 import numpy as np
 import pytest
 
-from abtest.gates import GateConfig
-from abtest.teacher_forced import KL_MEAN, KL_P99, PPL, TOP1, intervals, teacher_forced_checks
-from backends.scoring import ScoringUnavailable, _parse, prompt_logprobs
-from quality.prompts import PromptItem
-from quality.teacher_forced import (Accumulator, TeacherForcedScores, TokenLogprobs, build_sequences, compare,
+from optladder.abtest.gates import GateConfig
+from optladder.abtest.teacher_forced import KL_MEAN, KL_P99, PPL, TOP1, intervals, teacher_forced_checks
+from optladder.backends.scoring import ScoringUnavailable, _parse, prompt_logprobs
+from optladder.quality.prompts import PromptItem
+from optladder.quality.teacher_forced import (Accumulator, TeacherForcedScores, TokenLogprobs, build_sequences, compare,
                                     to_metrics)
 
 RNG = np.random.default_rng(0)
@@ -161,9 +161,9 @@ def test_an_endpoint_without_prompt_logprobs_is_unavailable():
 
 @pytest.mark.usefixtures("one_torch_thread")
 def test_real_engines_identical_measure_zero_and_damaged_fail():
-    from backends.engines import ReferenceBackend
-    from engine.config import EngineConfig
-    from experiments.teacher_forced_run import score_pair
+    from optladder.backends.engines import ReferenceBackend
+    from optladder.engine.config import EngineConfig
+    from optladder.experiments.teacher_forced_run import score_pair
     from tests.test_quant import BASE, TINY
 
     items = [PromptItem(f"p{i}", f"question {i}: what is {i} + {i}?", [f"it is {2 * i}"]) for i in range(12)]
@@ -208,7 +208,7 @@ def test_the_comparison_on_torch_tensors_equals_the_numpy_one():
 def test_the_tensor_comparison_in_row_chunks_equals_one_pass(monkeypatch):
     import torch
 
-    import quality.teacher_forced as tfm
+    import optladder.quality.teacher_forced as tfm
 
     p = log_softmax(RNG.normal(0, 2, (50, 64)))
     q = log_softmax(RNG.normal(0, 2, (50, 64)))

@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from backends import make_backend
-from backends.vllm_args import build_launch, check_tensor_parallel
-from backends.vllm_model import model_folder
-from engine.config import EngineConfig, ModelConfig, ServerConfig
+from optladder.backends import make_backend
+from optladder.backends.vllm_args import build_launch, check_tensor_parallel
+from optladder.backends.vllm_model import model_folder
+from optladder.engine.config import EngineConfig, ModelConfig, ServerConfig
 from tests.test_adapters import fake_python
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -43,7 +43,7 @@ def test_more_gpus_than_visible_is_refused_with_the_count():
 
 
 def test_tp_on_a_cpu_is_refused_before_vllm_starts(tmp_path):
-    from backends.vllm_server import VLLMServer
+    from optladder.backends.vllm_server import VLLMServer
 
     marker = tmp_path / "started"
     py = fake_python(tmp_path, f"open({str(marker)!r}, 'w')")
@@ -56,14 +56,14 @@ def test_tp_on_a_cpu_is_refused_before_vllm_starts(tmp_path):
 
 
 def test_the_70b_shape_becomes_a_dummy_weight_model_folder(tmp_path):
-    fields = yaml.safe_load((ROOT / "conf/model/llama3_70b_shape.yaml").read_text())
+    fields = yaml.safe_load((ROOT / "optladder/conf/model/llama3_70b_shape.yaml").read_text())
     cfg = ModelConfig(**{**fields, "cache_dir": str(tmp_path)})
     folder, args = model_folder(cfg)
     assert args == ["--load-format", "dummy"]
     c = json.loads((folder / "config.json").read_text())
     assert (c["architectures"], c["num_hidden_layers"], c["hidden_size"], c["num_key_value_heads"]) == \
         (["LlamaForCausalLM"], 80, 8192, 8)
-    from engine.loader import model_shape
+    from optladder.engine.loader import model_shape
 
     assert 70e9 < model_shape(cfg).num_params < 71e9  # 141 GB in bf16: more than one H200 holds
     from transformers import AutoTokenizer

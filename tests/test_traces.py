@@ -5,7 +5,7 @@ import re
 import pytest
 
 from tests.conftest import data_root
-from traffic.traces import load_trace, resolve_data_path
+from optladder.traffic.traces import load_trace, resolve_data_path
 
 AZURE_HEADER = "TIMESTAMP,ContextTokens,GeneratedTokens\n"
 AZURE_FILE = "traces/azure_conv_2023.csv"
@@ -283,7 +283,7 @@ def test_too_few_rows_say_how_many_and_what_was_skipped(tmp_path):
 
 
 def test_untimed_and_timed_traces_are_whole(tmp_path):
-    from traffic.traces import LoadedTrace, TraceRow
+    from optladder.traffic.traces import LoadedTrace, TraceRow
 
     path = write(tmp_path, "u.jsonl", jsonl([{"prompt": "ab", "output_tokens": 1}, {"input_tokens": 3, "output": "xyz"}]))
     assert load_trace("jsonl", path, tokenizer=CharTokenizer()) == LoadedTrace(
@@ -296,7 +296,7 @@ def test_untimed_and_timed_traces_are_whole(tmp_path):
 
 
 def test_cut_short_azure_file_is_warned_about(tmp_path):
-    from traffic.traces import _cut_short
+    from optladder.traffic.traces import _cut_short
 
     rows = "2023-11-16 18:15:46.5,10,2\n2023-11-16 18:15:47,11,3"
     path = write(tmp_path, "cut.csv", AZURE_HEADER + rows)
@@ -343,7 +343,7 @@ def test_azure_timestamps_are_utc(tmp_path, monkeypatch):
 
 
 def test_sharegpt_turn_roles_and_counts(tmp_path):
-    from traffic.traces import TraceRow
+    from optladder.traffic.traces import TraceRow
 
     convs = [{"conversations": ["not a turn", {"from": "user", "value": "hi"}, {"from": "assistant", "value": "yo!"}]},
              {"conversations": [{"from": "human", "value": "abc"}, {"from": "chatgpt", "value": "d"}]},

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from experiments.schema import TrackingConfig
-from experiments.tracking import Tracker, flatten, resolve_uri
+from optladder.experiments.schema import TrackingConfig
+from optladder.experiments.tracking import Tracker, flatten, resolve_uri
 
 
 def test_a_block_that_raises_leaves_its_traceback_and_the_error_goes_on(tmp_path):

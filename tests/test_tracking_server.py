@@ -10,11 +10,13 @@ import time
 
 import pytest
 
-from experiments.schema import TrackingConfig
-from experiments.snapshot import PROJECT_ROOT
-from experiments.tracking import artifact_location
-from experiments.tracking_server import TrackingUnavailable, check_driver, check_server, check_uri, redact
+from optladder.experiments.schema import TrackingConfig
+from optladder.paths import PROJECT_ROOT
+from optladder.experiments.tracking import artifact_location
+from optladder.experiments.tracking_server import TrackingUnavailable, check_driver, check_server, check_uri, redact
 from tests.services import ROOT, free_port, mlflow_server, postgres_bin, postgres_cluster
+
+pytestmark = pytest.mark.e2e  # processes of their own: the command, a server, a shell script
 
 JOBS, STEPS = 3, 60
 # one process per job, all at once: a child run under one parent, per-step metrics, params, tags, an artifact
@@ -96,6 +98,7 @@ def test_several_jobs_logging_at_once_through_a_sqlite_server_lose_nothing(mlflo
     _log_concurrently(mlflow_server_uri)
 
 
+@pytest.mark.postgres
 @pytest.mark.skipif(postgres_bin() is None, reason="PostgreSQL not installed (.ci/run installs Debian's postgresql)")
 def test_several_jobs_logging_at_once_through_a_postgresql_server_lose_nothing(tmp_path):
     with postgres_cluster() as db, mlflow_server(db, tmp_path / "artifacts", workers=1) as uri:

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from engine.tokenizer import SyntheticTokenizer, chat_token_ids
-from quality import PromptItem, QualityConfig, load_prompt_set
-from quality.prompts import resolve_max_new_tokens
+from optladder.engine.tokenizer import SyntheticTokenizer, chat_token_ids
+from optladder.quality import PromptItem, QualityConfig, load_prompt_set
+from optladder.quality.prompts import resolve_max_new_tokens
 
 DATA = Path(os.environ.get("OPTLADDER_DATA") or Path(__file__).resolve().parents[2] / "shared" / "data")
 

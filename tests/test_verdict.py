@@ -7,12 +7,12 @@ import re
 import numpy as np
 import pytest
 
-from abtest.gates import GateConfig
-from abtest.stats import bootstrap_mean_delta
-from abtest.verdict import ArmResult, decide, verdict_table
+from optladder.abtest.gates import GateConfig
+from optladder.abtest.stats import bootstrap_mean_delta
+from optladder.abtest.verdict import ArmResult, decide, verdict_table
 from tests.test_gates import arm, by_name
-from traffic.metrics import compute_metrics
-from traffic.request import RequestRecord
+from optladder.traffic.metrics import compute_metrics
+from optladder.traffic.request import RequestRecord
 
 NO_TF = dict(kl_max_mean=None, kl_max_p99=None, top1_agree_min=None, ppl_max_rel_increase=None)  # lossy arms here
 NOISE = {"perf/e2e_ms_p99": 0.02, "perf/ttft_ms_p50": 0.02}  # an A/A-measured run-to-run SD: one run pair decides

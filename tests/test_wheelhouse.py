@@ -12,6 +12,8 @@ import pytest
 
 from deploy.wheelhouse import image_skips, pack, platform_args, selection, skipped_by
 
+pytestmark = pytest.mark.e2e  # processes of their own: the command, a server, a shell script
+
 ROOT = Path(__file__).resolve().parents[1]
 INSTALL = ROOT / "deploy" / "install.py"
 

@@ -6,12 +6,12 @@ import numpy as np
 import pytest
 
 from tests.conftest import data_root
-from traffic.arrivals import gamma_arrivals, mean_rate, poisson_arrivals, trace_arrivals
-from traffic.materialize import build_pool, materialize, prefix_groups, prompt_texts
-from traffic.request import requests_digest
-from traffic.sampling import stratified_sample
-from traffic.traces import TraceRow, load_trace
-from traffic.workload import WorkloadConfig, build_workload
+from optladder.traffic.arrivals import gamma_arrivals, mean_rate, poisson_arrivals, trace_arrivals
+from optladder.traffic.materialize import build_pool, materialize, prefix_groups, prompt_texts
+from optladder.traffic.request import requests_digest
+from optladder.traffic.sampling import stratified_sample
+from optladder.traffic.traces import TraceRow, load_trace
+from optladder.traffic.workload import WorkloadConfig, build_workload
 
 AZURE_FILE = "traces/azure_conv_2023.csv"
 
@@ -240,7 +240,7 @@ def test_gamma_arrivals_are_seeded_and_keep_the_mean_gap_at_any_cv():
 
 def test_builtin_lengths_are_log_normal_between_their_bounds():
     """Median at the geometric middle of the bounds, which lie about two standard deviations out."""
-    from traffic.workload import _log_normal
+    from optladder.traffic.workload import _log_normal
 
     lengths = np.array(_log_normal([32, 512], 20000, seed=0))
     assert lengths.min() == 32 and lengths.max() == 512
@@ -251,7 +251,7 @@ def test_builtin_lengths_are_log_normal_between_their_bounds():
 
 
 def test_prompts_come_from_sharegpt_only_where_the_data_root_has_it(tmp_path):
-    from traffic.materialize import SHAREGPT_PATH, _has_sharegpt
+    from optladder.traffic.materialize import SHAREGPT_PATH, _has_sharegpt
 
     assert not _has_sharegpt(str(tmp_path))
     (tmp_path / SHAREGPT_PATH).parent.mkdir(parents=True)
@@ -261,7 +261,7 @@ def test_prompts_come_from_sharegpt_only_where_the_data_root_has_it(tmp_path):
 
 # --- exact compositions: each workload is its seeded parts, put together as the module docstring says ---
 def _sharegpt_root(tmp_path, prompts):
-    from traffic.materialize import SHAREGPT_PATH
+    from optladder.traffic.materialize import SHAREGPT_PATH
 
     f = tmp_path / SHAREGPT_PATH
     f.parent.mkdir(parents=True, exist_ok=True)
@@ -272,8 +272,8 @@ def _sharegpt_root(tmp_path, prompts):
 
 
 def test_builtin_workload_is_exactly_its_seeded_parts(tmp_path):
-    from traffic.materialize import BUILTIN_TEXT
-    from traffic.workload import _log_normal
+    from optladder.traffic.materialize import BUILTIN_TEXT
+    from optladder.traffic.workload import _log_normal
 
     root = _sharegpt_root(tmp_path, ["a sharegpt prompt", "another one"])  # auto must still pick builtin
     w = build_workload(WorkloadConfig(num_requests=12, seed=3), TOK, max_model_len=10000, data_root=root)
@@ -300,8 +300,8 @@ def test_gamma_and_closed_workloads_use_their_settings():
 
 
 def test_sharegpt_workload_keeps_its_prompts_and_draws_outputs(tmp_path):
-    from traffic.materialize import SHAREGPT_PATH
-    from traffic.workload import _log_normal
+    from optladder.traffic.materialize import SHAREGPT_PATH
+    from optladder.traffic.workload import _log_normal
 
     prompts = ["first prompt here", "second", "a third, longer prompt"]
     root = _sharegpt_root(tmp_path, prompts)
@@ -314,7 +314,7 @@ def test_sharegpt_workload_keeps_its_prompts_and_draws_outputs(tmp_path):
 
 
 def test_trace_workload_cuts_prompts_from_the_data_roots_sharegpt(tmp_path):
-    from traffic.materialize import SHAREGPT_PATH
+    from optladder.traffic.materialize import SHAREGPT_PATH
 
     root = _sharegpt_root(tmp_path, ["pool text one", "pool text two"])
     path = write_jsonl(tmp_path, "t.jsonl", [{"input_tokens": 4, "output_tokens": 1}] * 3)
@@ -337,7 +337,7 @@ def _irregular_trace(tmp_path, n=60):
 
 
 def test_window_sampling_and_its_trace_schedule_are_seeded(tmp_path):
-    from traffic.sampling import ks_distance, window_sample
+    from optladder.traffic.sampling import ks_distance, window_sample
 
     path = _irregular_trace(tmp_path)
     full = load_trace("jsonl", path).rows
@@ -385,14 +385,14 @@ def test_lengths_are_fitted_with_the_configured_policy(tmp_path):
      "engine.max_model_len=512 fits them all"),
 ])
 def test_fit_warning_says_what_changed_and_what_would_fit(rows, changed, policy, block_tokens, expect):
-    from traffic.workload import _fit_warning
+    from optladder.traffic.workload import _fit_warning
 
     cfg = WorkloadConfig(name="mooncake", path="x", length_policy=policy, block_tokens=block_tokens)
     assert _fit_warning(rows, changed, 512, cfg) == expect
 
 
 def test_scale_blocks_rescales_only_hash_rows():
-    from traffic.workload import _scale_blocks
+    from optladder.traffic.workload import _scale_blocks
 
     plain = [TraceRow(1.5, 100, 3, prompt_text="p", output_text="o")]
     warnings = []
@@ -454,7 +454,7 @@ class BosTokenizer(CharTokenizer):
 
 
 def test_pool_windows_wrap_and_pools_carry_no_special_tokens():
-    from traffic.materialize import TokenPool
+    from optladder.traffic.materialize import TokenPool
 
     assert TokenPool(np.array([10, 11, 12, 13]), "s").window(3, 3) == [13, 10, 11]
     pool = build_pool(["ab", "c"], BosTokenizer(), "src")
@@ -465,7 +465,7 @@ def test_pool_windows_wrap_and_pools_carry_no_special_tokens():
 
 
 def test_materialized_sources_and_starts_are_exact():
-    from traffic.materialize import TokenPool, materialize_with_sources
+    from optladder.traffic.materialize import TokenPool, materialize_with_sources
 
     pool = TokenPool(np.arange(100, 140), "s")
     rows = [TraceRow(0, 3, 1, prompt_text="abcdef"), TraceRow(0, 3, 1, prompt_text="abc"),
@@ -483,7 +483,7 @@ def test_materialized_sources_and_starts_are_exact():
 
 
 def test_starts_are_distinct_while_the_pool_allows_and_blocks_default_to_512():
-    from traffic.materialize import TokenPool, materialize_with_sources
+    from optladder.traffic.materialize import TokenPool, materialize_with_sources
 
     pool = TokenPool(np.arange(3), "s")
     firsts = [p[0] for p in materialize([TraceRow(0, 1, 1)] * 3, pool, TOK, seed=0)]
@@ -495,7 +495,7 @@ def test_starts_are_distinct_while_the_pool_allows_and_blocks_default_to_512():
 
 
 def test_sources_label_counts_each_kind():
-    from traffic.materialize import sources_label
+    from optladder.traffic.materialize import sources_label
 
     assert sources_label(["own", "own+pool", "pool", "pool"], "P") == (
         "1 of 4 from the trace's own prompt text; 1 of 4 from their own text topped up from P; 2 of 4 cut from P")
@@ -505,7 +505,7 @@ def test_sources_label_counts_each_kind():
 
 
 def test_prompt_texts_pick_their_source(tmp_path, monkeypatch):
-    from traffic.materialize import BUILTIN_TEXT, SHAREGPT_PATH
+    from optladder.traffic.materialize import BUILTIN_TEXT, SHAREGPT_PATH
 
     monkeypatch.delenv("OPTLADDER_DATA", raising=False)
     with pytest.raises(ValueError) as e:

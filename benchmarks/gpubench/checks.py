@@ -7,11 +7,11 @@ import random
 
 import torch
 
-from engine.attention import AttnMeta, FusedAttention, NaiveAttention
-from engine.kernels import fused
-from engine.kernels.gemv import skinny_linear
-from engine.kernels.paged_decode import paged_decode_attention
-from engine.kernels.reference import attention_reference, paged_decode_reference, rel_error
+from optladder.engine.attention import AttnMeta, FusedAttention, NaiveAttention
+from optladder.engine.kernels import fused
+from optladder.engine.kernels.gemv import skinny_linear
+from optladder.engine.kernels.paged_decode import paged_decode_attention
+from optladder.engine.kernels.reference import attention_reference, paged_decode_reference, rel_error
 from gpubench.harness import BF16, DEV, TOL, poison_allocator
 
 

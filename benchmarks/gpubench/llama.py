@@ -8,15 +8,15 @@ import random
 
 import torch
 
-from engine.attention import make_backend
-from engine.block_manager import KVLayout
-from engine.config import ModelConfig
-from engine.kernels.reference import rel_error
-from engine.loader import load_model
-from engine.model import DecodeKernels
-from engine.model_runner import ModelRunner, kv_bytes_per_token
-from engine.scheduler import Batch
-from engine.sequence import SamplingParams, Sequence
+from optladder.engine.attention import make_backend
+from optladder.engine.block_manager import KVLayout
+from optladder.engine.config import ModelConfig
+from optladder.engine.kernels.reference import rel_error
+from optladder.engine.loader import load_model
+from optladder.engine.model import DecodeKernels
+from optladder.engine.model_runner import ModelRunner, kv_bytes_per_token
+from optladder.engine.scheduler import Batch
+from optladder.engine.sequence import SamplingParams, Sequence
 from gpubench.harness import BF16, DEV, TOL, gpu_median_ms, log, wall_median_ms
 
 LLAMA8B = ModelConfig(name="llama3_8b_shape", source="random", package=None, gguf_file=None, tokenizer="synthetic",
@@ -86,7 +86,7 @@ def prefill_bench(model) -> list[dict]:
             torch.cuda.synchronize()
             base = torch.cuda.memory_allocated()
             torch.cuda.reset_peak_memory_stats()
-            ms = wall_median_ms(lambda: runner.forward(step), iters=5, warmup=1)
+            ms = wall_median_ms(lambda: runner.forward(step), iters=5, warmup=1)  # noqa: F821 (run before the del below)
             peak = torch.cuda.max_memory_allocated() - base
             rows.append({"tokens": t, "attention": runner.attention_backend, "ms": ms, "peak_extra_gib": peak / 2**30,
                          "tok_s": t / ms * 1000})
@@ -121,7 +121,7 @@ def decode_bench(model, bw_tb_s: float, ctx: int = 1024, max_len: int = 2048) ->
         for b in (1, 8, 32, 64):
             seqs = decode_seqs(b, ctx, runner, model.shape.vocab_size)
             step = decode_step(seqs)
-            step_ms = wall_median_ms(lambda: runner.forward(step), iters=30)
+            step_ms = wall_median_ms(lambda: runner.forward(step), iters=30)  # noqa: F821 (run before the del below)
             if runner.graphs:
                 bucket = next(x for x in runner.graphs.buckets if x >= b)
                 runner.forward(step)

@@ -1,4 +1,4 @@
-"""Greedy outputs of SmolLM2 (bf16) on the GPU with each switch of the registry (engine/opts.py) alone and
+"""Greedy outputs of SmolLM2 (bf16) on the GPU with each switch of the registry (optladder/engine/opts.py) alone and
 all on, against the baseline (and a float32 run of it): how many prompts keep their exact tokens."""
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ from pathlib import Path
 
 import torch
 
-from engine.config import EngineConfig, ModelConfig
-from engine.opts import switch_configs
-from engine.sequence import SamplingParams
+from optladder.engine.config import EngineConfig, ModelConfig
+from optladder.engine.opts import switch_configs
+from optladder.engine.sequence import SamplingParams
 from gpubench.harness import log
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -23,11 +23,11 @@ def configs() -> dict[str, dict]:
 
 
 def smollm2_greedy(cache_dir: str, num_prompts: int = 32, max_tokens: int = 96) -> dict:
-    from engine.llm_engine import LLMEngine
-    from engine.tokenizer import chat_token_ids
+    from optladder.engine.llm_engine import LLMEngine
+    from optladder.engine.tokenizer import chat_token_ids
 
     mcfg = ModelConfig(cache_dir=cache_dir)
-    lines = (ROOT / "quality" / "builtin_prompts.jsonl").read_text().splitlines()[:num_prompts]
+    lines = (ROOT / "optladder" / "quality" / "builtin_prompts.jsonl").read_text().splitlines()[:num_prompts]
     texts = [json.loads(x)["prompt"] for x in lines]
     runs, evidence, prompts = {}, {}, None
     for name, kw in configs().items():

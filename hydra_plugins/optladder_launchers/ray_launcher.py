@@ -1,4 +1,4 @@
-"""Hydra's entry point for the Ray launcher; experiments/ray_launch.py does the work. Hydra imports every
+"""Hydra's entry point for the Ray launcher; optladder/experiments/ray_launch.py does the work. Hydra imports every
 module under hydra_plugins at start-up, so this one stays light (Ray is imported only when a sweep launches).
 No `from __future__ import annotations`: Hydra runs this module before it is in sys.modules, where
 dataclasses cannot resolve string annotations."""
@@ -11,7 +11,7 @@ from hydra.plugins.launcher import Launcher
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, OmegaConf
 
-from experiments.ray_launch import RaySettings
+from optladder.experiments.ray_launch import RaySettings
 
 
 @dataclass
@@ -19,7 +19,7 @@ class RayLauncherConf(RaySettings):
     _target_: str = "hydra_plugins.optladder_launchers.ray_launcher.RayLauncher"
 
 
-# the schema of conf/hydra/launcher/ray.yaml: a misspelt hydra.launcher key fails when the config is composed
+# the schema of optladder/conf/hydra/launcher/ray.yaml: a misspelt hydra.launcher key fails when the config is composed
 ConfigStore.instance().store(group="hydra/launcher", name="optladder_ray", node=RayLauncherConf,
                              provider="optladder")
 
@@ -37,7 +37,7 @@ class RayLauncher(Launcher):
         self.config, self.hydra_context, self.task_function = config, hydra_context, task_function
 
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
-        from experiments.ray_launch import launch_jobs
+        from optladder.experiments.ray_launch import launch_jobs
 
         assert self.config is not None and self.hydra_context is not None and self.task_function is not None
         return launch_jobs(self.settings, self.config, self.hydra_context, self.task_function, job_overrides,

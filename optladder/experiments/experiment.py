@@ -1,0 +1,195 @@
+"""One experiment end to end: build the engine, warm up, replay, measure, check quality, log, snapshot.
+
+Everything a run leaves behind is written to its run directory as it happens (requests.jsonl line by
+line), then copied to MLflow, so a run that dies halfway keeps what it did and is marked FAILED.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import random
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from omegaconf import DictConfig, OmegaConf
+
+from optladder.backends import make_backend
+from optladder.experiments.build import build
+from optladder.experiments.errors import as_user_error
+from optladder.experiments.levels import levels_markdown, run_levels
+from optladder.experiments.plots import plot_run
+from optladder.experiments.preflight import Prepared, prepare
+from optladder.experiments.report import results_markdown
+from optladder.experiments.run_views import effective_tags_params, kv_curves, run_name as default_run_name, run_tags
+from optladder.experiments.snapshot import build_snapshot, write_snapshot
+from optladder.experiments.tracking import Tracker, flatten
+from optladder.quality.prompts import prompts_digest
+from optladder.quality.scoring import score_vs_references, to_metrics
+from optladder.traffic.capacity import capacity_metrics, find_capacity, requests_at, stop_when_missed
+from optladder.traffic.metrics import compute_metrics
+from optladder.traffic.replay_config import Pacing
+from optladder.traffic.request import Request, RequestRecord, requests_digest
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class ExperimentResult:
+    run_id: str | None
+    run_dir: Path
+    metrics: dict[str, float]
+    records: list[RequestRecord]
+    outputs: list[str]
+    quality_per_prompt: dict[str, list[float]]
+    requests_digest: str
+    prompts_digest: str
+    opts_effective: dict
+    opts: list[str]
+    snapshot: dict = field(default_factory=dict)
+    load_levels: list[dict] = field(default_factory=list)  # per level: index, knob, value, metrics
+
+
+def run_experiment(cfg: DictConfig, run_dir: Path, overrides: list[str] | None = None,
+                   choices: dict | None = None, run_name: str | None = None,
+                   parent_run_id: str | None = None, tags: dict[str, str] | None = None,
+                   with_quality: bool = True, prepared: Prepared | None = None) -> ExperimentResult:
+    """prepared: the run's data, already loaded and checked (an A/B checks both arms before either runs)."""
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    with as_user_error():
+        conf = build(cfg)  # the dataclasses: unknown keys refused, each validates its own fields here
+    prepared = prepared or prepare(conf)  # every data file, before an engine starts
+    resolved = OmegaConf.to_container(cfg, resolve=True)
+    snapshot = build_snapshot(resolved, overrides or [], choices or {})
+    write_snapshot(run_dir, snapshot)
+    from optladder.engine.opts import enabled_opts
+
+    opts = enabled_opts(conf.engine)
+    tags = {**run_tags(conf, opts, snapshot["environment"]), **(tags or {})}
+    with Tracker(conf.tracking, run_name or default_run_name(conf, opts, tags), tags, parent_run_id,
+                 run_dir) as tracker:
+        tracker.log_params(flatten(resolved))
+        return _run(conf, run_dir, snapshot, tracker, opts, with_quality, prepared)
+
+
+def _run(conf, run_dir: Path, snapshot: dict, tracker: Tracker, opts: list[str],
+         with_quality: bool, prepared: Prepared) -> ExperimentResult:
+    with as_user_error():  # the engine refuses a setting it cannot run before its weights load
+        backend = make_backend(conf.model, conf.engine, conf.replay.driver, conf.faults)
+    try:  # a server-backed engine (vLLM) must stop on every exit path, not only at process exit
+        return _measure(conf, backend, run_dir, snapshot, tracker, opts, with_quality, prepared)
+    finally:
+        backend.close()
+
+
+def _measure(conf, backend, run_dir: Path, snapshot: dict, tracker: Tracker, opts: list[str],
+             with_quality: bool, prepared: Prepared) -> ExperimentResult:
+    metrics: dict[str, float] = {"perf/load_s": backend.load_s, "perf/start_s": backend.start_s}
+    workload = prepared.workload
+    snapshot["requests_digest"] = requests_digest(workload.requests)
+    write_snapshot(run_dir, snapshot)
+    metrics.update(workload.stats)
+
+    backend.warmup(warmup_requests(workload.requests[:conf.replay.warmup_requests], len(backend.tokenizer)))
+    with open(run_dir / "requests.jsonl", "a") as f:
+        def on_record(rec: RequestRecord) -> None:
+            f.write(rec.to_json() + "\n")
+            f.flush()  # a crash keeps every request that finished
+
+        pacing = Pacing(workload.mode, workload.concurrency)
+        if conf.profile is not None:
+            backend.profile_next_replay(conf.profile, run_dir)
+        t_replay = time.monotonic()
+        records = backend.replay(workload.requests, conf.replay, pacing, on_record)
+    # the replay's KV points only: warm-up was reset away, quality and capacity probes come after
+    kv_points = list(getattr(backend, "kv_timeline", lambda: [])())
+    metrics.update(compute_metrics(records, conf.slo))
+    metrics.update(backend.metrics())
+    effective = backend.opts_effective()  # before levels, probes and quality add to its counters
+    if conf.replay.capacity:  # after the engine's own metrics, so the probes do not blur them
+        metrics.update(_capacity(conf, backend, workload.requests, run_dir))
+    tracker.log_metrics(metrics)
+    levels = run_levels(conf, backend, workload.requests, run_dir, tracker) if conf.replay.load_levels else []
+
+    outputs, per_prompt, qmetrics, pdigest, signature = _quality(conf, backend, run_dir, prepared, with_quality)
+    metrics.update(qmetrics)
+    snapshot["prompts_digest"] = pdigest
+    write_snapshot(run_dir, snapshot)
+    tracker.log_metrics(qmetrics)
+    tracker.log_series(*kv_curves(kv_points, t_replay))
+    eff_tags, eff_params = effective_tags_params(effective)
+    tracker.set_tags(eff_tags)
+    tracker.log_params(eff_params)
+    plot_run(run_dir, records, kv_points)
+    title = f"optladder: {', '.join(opts) or 'baseline'} on {conf.model.name}"
+    (run_dir / "results.md").write_text(results_markdown(metrics, title) + levels_markdown(levels))
+
+    summary = {
+        "run_id": tracker.run_id, "run_name": tracker.run_name, "run_dir": str(run_dir),
+        "engine": conf.engine.name, "model": conf.model.name, "opts": opts, "opts_effective": effective,
+        "metrics": metrics, "load_levels": levels,
+        "quality": {"set": conf.quality.name, "num_prompts": len(outputs), "bleu_signature": signature,
+                    **{k: v for k, v in qmetrics.items()}},
+        "workload": {"name": conf.workload.name, "num_requests": len(records), "mode": workload.mode,
+                     "source": workload.source},
+        "verdict": None,
+    }
+    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
+    return ExperimentResult(tracker.run_id, run_dir, metrics, records, outputs, per_prompt,
+                            snapshot["requests_digest"], pdigest, effective, opts, snapshot, levels)
+
+
+def warmup_requests(like: list[Request], vocab_size: int, seed: int = 12345) -> list[Request]:
+    """The lengths of the first requests with unrelated token ids: warming up on the replayed prompts
+    themselves would put them in the prefix cache and flatter it."""
+    rng = random.Random(seed)
+    return [Request(f"warmup-{i}", [rng.randrange(vocab_size // 4, vocab_size) for _ in range(r.input_len)],
+                    min(4, r.output_len)) for i, r in enumerate(like)]
+
+
+def _quality(conf, backend, run_dir: Path, prepared: Prepared, with_quality: bool = True):
+    items, prompts = prepared.items, prepared.prompt_ids
+    if not with_quality:  # a repeat of an A/B arm: greedy outputs were scored on its first run
+        return [], {}, {}, prompts_digest(items), None
+    t0 = time.perf_counter()
+    outputs = backend.generate(prompts, prepared.max_new_tokens, progress=conf.replay.progress)
+    scores = score_vs_references(outputs, [it.references for it in items])
+    with open(run_dir / "quality_outputs.jsonl", "w") as f:
+        for it, out, s in zip(items, outputs, scores.per_prompt):
+            chat = {"messages": it.messages} if it.messages else {}
+            f.write(json.dumps({"id": it.id, "prompt": it.prompt, **chat, "output": out,
+                                "references": it.references, "task": it.task, "scores": s}) + "\n")
+    per_prompt = {f"quality/{k}_vs_ref": [s[k] for s in scores.per_prompt]
+                  for k in ("bleu", "rouge1", "rouge2", "rougeL")}
+    qmetrics = to_metrics(scores)
+    qmetrics["quality/num_prompts"] = float(len(items))
+    qmetrics["quality/max_new_tokens"] = float(prepared.max_new_tokens)
+    qmetrics["quality/rejected"] = float(sum(len(p) >= conf.engine.max_model_len for p in prompts))
+    qmetrics["quality/generate_s"] = time.perf_counter() - t0
+    return outputs, per_prompt, qmetrics, prompts_digest(items), scores.bleu_signature
+
+
+def _capacity(conf, backend, requests, run_dir: Path) -> dict[str, float]:
+    """Bisect for the largest concurrency (or rate) whose P99 E2E meets slo.e2e_s; probes in capacity.json."""
+    rc = conf.replay
+    closed = rc.capacity_mode == "concurrency"
+
+    quiet = replace(rc, progress=False)
+    # only the reference engine in process can stop a probe (the driver aborts its requests); over HTTP and on
+    # engine=hf (no abort) probes run whole
+    stop_early = rc.capacity_stop_early and backend.name == "reference" and rc.driver == "inprocess"
+
+    def run_at(load: float) -> list[RequestRecord]:
+        reqs = requests_at(requests, rc.capacity_requests, load, rc.capacity_mode, conf.seed)
+        pacing = Pacing("closed", int(load)) if closed else Pacing("open")
+        on_record = stop_when_missed(len(reqs), conf.slo.e2e_s) if stop_early else (lambda rec: None)
+        return backend.replay(reqs, quiet, pacing, on_record)
+
+    result = find_capacity(run_at, rc.capacity_lo, rc.capacity_hi, conf.slo, rc.capacity_mode, rc.capacity_iters)
+    (run_dir / "capacity.json").write_text(json.dumps(result.to_dict(), indent=2))
+    metrics = capacity_metrics(result)
+    log.info("capacity: %s = %s at P99 E2E <= %.1f s (%d probes, %.0f s; %d stopped early)%s", rc.capacity_mode,
+             result.value, result.slo_e2e_s, len(result.probes), metrics["capacity/search_s"],
+             metrics["capacity/probes_stopped_early"], "; hi passed, raise replay.capacity_hi" if result.at_hi else "")
+    return metrics

@@ -1,0 +1,64 @@
+"""Fail fast: every file a run reads (model files, trace, prompt set) is loaded and checked, and the engine's
+settings are refused where they cannot run, before an engine starts or a request is sent. A broken prompt
+set then costs seconds, not a whole replay. What is loaded here is what the run uses: the requests and the
+tokenized quality prompts are built once.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from optladder.engine.loader import load_tokenizer, model_shape, resolve_device
+from optladder.engine.tokenizer import chat_token_ids
+from optladder.engine.validation import validate_engine
+from optladder.experiments.errors import as_user_error
+from optladder.quality.item import PromptItem
+from optladder.quality.prompts import load_prompt_set, resolve_max_new_tokens
+from optladder.traffic.load_levels import validate_levels
+from optladder.traffic.workload import Workload, build_workload
+
+log = logging.getLogger(__name__)
+PROFILED_ENGINES = ("reference", "hf")  # in this process, stepped by the replay driver
+
+
+@dataclass
+class Prepared:
+    """What a run replays and scores, loaded and checked."""
+
+    tokenizer: Any
+    workload: Workload
+    items: list[PromptItem]
+    prompt_ids: list[list[int]]  # each prompt through the model's chat template
+    max_new_tokens: int  # quality.max_new_tokens with `auto` resolved
+    warnings: list[str] = field(default_factory=list)
+
+
+def prepare(conf) -> Prepared:
+    """conf: the run's Config dataclass. Raises UserError naming the file, line or setting at fault."""
+    t0 = time.perf_counter()
+    with as_user_error():
+        if conf.engine.name == "reference":  # the other engines check their settings where they start
+            validate_engine(conf.engine, resolve_device(conf.engine.device).type)
+        validate_levels(list(conf.replay.load_levels), conf.workload.arrival)
+        if conf.profile is not None and (conf.engine.name not in PROFILED_ENGINES or conf.replay.driver != "inprocess"):
+            raise ValueError(f"+profile={conf.profile.name} traces an engine in this process: engine="
+                             f"{'|'.join(PROFILED_ENGINES)} with replay.driver=inprocess, not engine="
+                             f"{conf.engine.name} with replay.driver={conf.replay.driver}")
+        items = load_prompt_set(conf.quality, conf.data.root)  # first: it needs no tokenizer
+        model_shape(conf.model)  # the model's files: config.json read (a packaged model converted once)
+        tokenizer = load_tokenizer(conf.model)
+        workload = build_workload(conf.workload, tokenizer, conf.engine.max_model_len, conf.data.root)
+        prompt_ids = [chat_token_ids(tokenizer, it.chat()) for it in items]
+        max_new = resolve_max_new_tokens(conf.quality, items, tokenizer)
+    warnings = [f"workload: {w}" for w in workload.warnings]
+    too_long = sum(len(p) >= conf.engine.max_model_len for p in prompt_ids)
+    if too_long:
+        warnings.append(f"quality: {too_long} of {len(items)} prompts reach engine.max_model_len="
+                        f"{conf.engine.max_model_len} through the chat template; they get no answer and score 0")
+    for w in warnings:
+        log.warning(w)
+    log.info("data checked in %.1f s: %d requests (%s), %d quality prompts, max_new_tokens %d",
+             time.perf_counter() - t0, len(workload.requests), workload.source, len(items), max_new)
+    return Prepared(tokenizer, workload, items, prompt_ids, max_new, warnings)

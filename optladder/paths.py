@@ -1,0 +1,22 @@
+"""Where things are: the package's own files, and the project root that relative paths start from.
+
+In a checkout (an editable install, or run.py) the project root is the checkout, so every run of it lands in
+one MLflow database, one cache and one rollout registry there. From an installed package it is the directory
+the command runs in, or $OPTLADDER_HOME where set. No imports of the project: every floor may use it."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parent
+CONF_DIR = PACKAGE / "conf"
+
+
+def _checkout() -> Path | None:
+    parent = PACKAGE.parent
+    return parent if (parent / "pyproject.toml").is_file() and (parent / "run.py").is_file() else None
+
+
+CHECKOUT = _checkout()
+PROJECT_ROOT = Path(os.environ["OPTLADDER_HOME"]).resolve() if os.environ.get("OPTLADDER_HOME") \
+    else CHECKOUT or Path.cwd()
