@@ -11,9 +11,9 @@ import mlflow
 import pytest
 from mlflow.tracking import MlflowClient
 
-from experiments.errors import UserError
-from experiments.experiment import run_experiment
-from experiments.report import fmt
+from optladder.experiments.errors import UserError
+from optladder.experiments.experiment import run_experiment
+from optladder.experiments.report import fmt
 from tests.conftest import ROOT, compose_config
 
 CHAT = ROOT / "docs" / "examples" / "chat_prompts.jsonl"
@@ -96,8 +96,8 @@ def test_profile_is_a_chrome_trace_with_stage_ranges(run):
 
 
 def _documented_patterns() -> list[re.Pattern]:
-    """The metric names README's Metrics section lists, braces expanded, placeholders as wildcards."""
-    text = (ROOT / "README.md").read_text()
+    """The metric names docs/design.md's Metrics section lists, braces expanded, placeholders as wildcards."""
+    text = (ROOT / "docs" / "design.md").read_text()
     section = text[text.index("## Metrics"):]
     section = section[:section.index("\n## ", 4)]
     pats = []
@@ -110,11 +110,11 @@ def _documented_patterns() -> list[re.Pattern]:
     return pats
 
 
-def test_readme_lists_every_metric_a_run_logs(run):
+def test_the_design_lists_every_metric_a_run_logs(run):
     _, _, r, _ = run
     pats = _documented_patterns()
     missing = sorted(k for k in r.data.metrics if not k.startswith("system/") and not any(p.match(k) for p in pats))
-    assert not missing, f"logged but not in README's Metrics section: {missing}"
+    assert not missing, f"logged but not in docs/design.md's Metrics section: {missing}"
 
 
 def test_broken_prompt_set_stops_the_run_before_any_engine(tmp_path):
