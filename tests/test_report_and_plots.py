@@ -44,3 +44,26 @@ def test_run_picture_has_both_panels_and_is_skipped_without_a_finished_request(t
     assert (width, height) == (1100, 400)  # 11 x 4 inches at 100 dpi: latency CDFs beside KV over time
     assert plot_run(tmp_path / "none", [record(1, ok=False)], []) is None
     assert not (tmp_path / "none" / "run.png").exists()
+
+
+CLIPPED = {"traffic/ks_input_len": 0.376, "traffic/ks_input_len_trace": 0.023, "traffic/ks_output_len": 0.01,
+           "traffic/ks_output_len_trace": 0.01, "traffic/changed_input_share": 0.39, "traffic/changed_output_share": 0.0}
+
+
+def test_results_say_when_the_replay_does_not_have_the_traces_lengths():
+    from optladder.experiments.report import results_markdown
+
+    table = results_table(CLIPPED, "t")
+    rows = {line[:34].strip(): line[34:].strip() for line in table.splitlines()[2:]}
+    assert rows["KS input length: replayed / trace"] == "0.376 / 0.023"
+    assert table.splitlines()[-1] == (
+        "warning: the length policy changed 39% of the input lengths and 0% of the output lengths (more than 5%): "
+        "the replay does not have the trace's lengths; KS distance to the trace of the lengths as replayed 0.376 "
+        "(input) / 0.010 (output), of the sample before fitting 0.023 / 0.010")
+    md = results_markdown(CLIPPED, "t")
+    assert "| KS input length: replayed / trace | 0.376 / 0.023 |" in md
+    assert "**Not the trace's traffic:**" in md and "39% of the input lengths" in md
+    assert "(tag `optladder.lengths_changed=true`)" in md
+    kept = {**CLIPPED, "traffic/changed_input_share": 0.02}
+    assert "warning" not in results_table(kept, "t") and "Not the trace" not in results_markdown(kept, "t")
+    assert "KS input" not in results_table({"perf/kv_util": 0.5}, "t")  # builtin: no trace, no KS row

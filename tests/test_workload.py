@@ -285,7 +285,8 @@ def test_builtin_workload_is_exactly_its_seeded_parts(tmp_path):
     assert [r.prompt_token_ids for r in w.requests] == materialize(rows, builtin_pool(), TOK, seed=5)
     assert all(r.prompt == TOK.decode(r.prompt_token_ids) and r.ignore_eos for r in w.requests)
     assert w.stats == {"traffic/skipped_rows": 0.0, "traffic/reordered_rows": 0.0, "traffic/num_requests": 12.0,
-                       "traffic/changed_lengths": 0.0, "traffic/duration_s": sched[-1] - sched[0],
+                       "traffic/changed_lengths": 0.0, "traffic/changed_input_share": 0.0,
+                       "traffic/changed_output_share": 0.0, "traffic/duration_s": sched[-1] - sched[0],
                        "traffic/mean_rate_req_s": mean_rate(sched)}
     assert w.warnings == [] and (w.mode, w.concurrency) == ("open", 4)
     assert w.source == f"builtin; prompts: 12 of 12 cut from {BUILTIN_TEXT}"
@@ -362,7 +363,11 @@ def test_lengths_are_fitted_with_the_configured_policy(tmp_path):
     assert [(r.input_len, r.output_len) for r in w.requests] == [(45, 15), (45, 15)]
     assert w.warnings == ["2 of 2 requests (100%) exceed engine.max_model_len=60 and were scaled down "
                           "(workload.length_policy=scale); engine.max_model_len=120 fits them all. Most "
-                          "requests changed: this replay does not have the trace's lengths"]
+                          "requests changed: this replay does not have the trace's lengths",
+                          "the length policy changed 100% of the input lengths and 100% of the output lengths "
+                          "(more than 5%): the replay does not have the trace's lengths; KS distance to the trace "
+                          "of the lengths as replayed 1.000 (input) / 1.000 (output), of the sample before "
+                          "fitting 0.000 / 0.000"]
 
 
 @pytest.mark.parametrize("rows, changed, policy, block_tokens, expect", [
@@ -521,3 +526,70 @@ def test_prompt_texts_pick_their_source(tmp_path, monkeypatch):
                              {"conversations": [{"from": "human", "value": "second"}]}]))
     for how in ("auto", "sharegpt"):
         assert prompt_texts(how, str(tmp_path), TOK) == (["hello there", "second"], str(f))
+
+
+# --- the lengths as replayed, beside the trace's ---
+def _clipped_azure(tmp_path, n=200, long_every=5):
+    """An Azure-format trace where 1 row in long_every has a prompt longer than 600 tokens."""
+    lines = ["TIMESTAMP,ContextTokens,GeneratedTokens"]
+    for i in range(n):
+        n_in = 700 + 7 * i if i % long_every == 0 else 20 + (i * 37) % 400
+        lines.append(f"2023-11-16 18:{i // 60:02d}:{i % 60:02d}.0000000,{n_in},{1 + (i * 13) % 50}")
+    p = tmp_path / "clipped_azure.csv"
+    p.write_text("\n".join(lines) + "\n")
+    return str(p)
+
+
+def test_ks_is_of_the_lengths_as_replayed_and_the_trace_figure_is_beside_it(tmp_path):
+    from optladder.traffic.sampling import ks_distance
+
+    path = _clipped_azure(tmp_path)
+    full = load_trace("azure", path).rows
+    cfg = WorkloadConfig(name="azure_conv", path=path, num_requests=50, prompt_source="builtin")
+    w = build_workload(cfg, TOK, max_model_len=600, data_root=None)
+    sample = [full[i] for i in stratified_sample(full, 50, cfg.seed)]
+    sent_in = [r.input_len for r in w.requests]
+    long_share = sum(r.input_len + r.output_len > 600 for r in sample) / 50
+    assert 0.1 < long_share < 0.4  # the clipped fifth of the trace is in the sample too
+    assert w.stats["traffic/ks_input_len_trace"] == ks_distance([r.input_len for r in sample],
+                                                                [r.input_len for r in full])
+    assert w.stats["traffic/ks_input_len"] == ks_distance(sent_in, [r.input_len for r in full])
+    # the sample represents the trace; what was replayed lost its long prompts, and the KS shows it
+    assert w.stats["traffic/ks_input_len_trace"] < 0.1 < w.stats["traffic/ks_input_len"] - 0.05
+    assert w.stats["traffic/ks_input_len"] == pytest.approx(long_share, abs=0.05)
+    assert w.stats["traffic/changed_input_share"] == long_share
+    assert w.stats["traffic/changed_output_share"] == 0.0  # clip shortens the input first
+    assert w.stats["traffic/ks_output_len"] == w.stats["traffic/ks_output_len_trace"]
+    msg = next(m for m in w.warnings if m.startswith("the length policy changed"))
+    assert f"{long_share:.0%} of the input lengths" in msg and f"{w.stats['traffic/ks_input_len']:.3f} (input)" in msg
+
+
+def test_a_replay_that_keeps_the_lengths_has_both_ks_equal_and_no_flag(tmp_path):
+    from optladder.traffic.workload import departures
+
+    path = _clipped_azure(tmp_path)
+    w = build_workload(WorkloadConfig(name="azure_conv", path=path, num_requests=50, prompt_source="builtin"),
+                       TOK, max_model_len=4096, data_root=None)
+    assert w.stats["traffic/ks_input_len"] == w.stats["traffic/ks_input_len_trace"]
+    assert w.stats["traffic/changed_input_share"] == 0.0 and departures(w.stats) == {}
+
+
+@pytest.mark.parametrize("share_in, share_out, flagged", [(0.05, 0.0, False), (0.06, 0.0, True),
+                                                          (0.0, 0.2, True), (0.0, 0.0, False)])
+def test_the_lengths_changed_flag_is_above_the_threshold(share_in, share_out, flagged):
+    from optladder.traffic.sampling import LENGTHS_CHANGED_WARN
+    from optladder.traffic.workload import departures
+
+    assert LENGTHS_CHANGED_WARN == 0.05
+    notes = departures({"traffic/changed_input_share": share_in, "traffic/changed_output_share": share_out})
+    assert ("optladder.lengths_changed" in notes) is flagged
+
+
+def test_changed_shares_count_each_length_on_its_own():
+    from optladder.traffic.sampling import changed_shares
+
+    before = [TraceRow(0, 10, 5), TraceRow(0, 10, 5), TraceRow(0, 10, 5), TraceRow(0, 10, 5)]
+    after = [TraceRow(0, 9, 5), TraceRow(0, 10, 4), TraceRow(0, 8, 3), TraceRow(0, 10, 5)]
+    assert changed_shares(before, after) == (0.5, 0.5)
+    with pytest.raises(ValueError, match="got 4 and 3 rows"):
+        changed_shares(before, after[:3])

@@ -66,7 +66,7 @@ def run_experiment(cfg: DictConfig, run_dir: Path, overrides: list[str] | None =
     from optladder.engine.opts import enabled_opts
 
     opts = enabled_opts(conf.engine)
-    tags = {**run_tags(conf, opts, snapshot["environment"]), **(tags or {})}
+    tags = {**run_tags(conf, opts, snapshot["environment"], prepared.workload.stats), **(tags or {})}
     with Tracker(conf.tracking, run_name or default_run_name(conf, opts, tags), tags, parent_run_id,
                  run_dir) as tracker:
         tracker.log_params(flatten(resolved))

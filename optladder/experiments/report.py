@@ -1,7 +1,9 @@
-"""The short results table printed at the end of a run."""
+"""The short results table printed at the end of a run, and results.md. Both end with what the replay did
+not keep of its trace (traffic.workload.departures), so a number is never read as the trace's when it is not."""
 from __future__ import annotations
 
 from optladder.experiments.tracking import resolve_uri
+from optladder.traffic.workload import departures
 
 ROWS = (("TTFT p50 / p99 (ms)", "perf/ttft_ms_p50", "perf/ttft_ms_p99"),
         ("TPOT p50 / p99 (ms)", "perf/tpot_ms_p50", "perf/tpot_ms_p99"),
@@ -11,6 +13,8 @@ ROWS = (("TTFT p50 / p99 (ms)", "perf/ttft_ms_p50", "perf/ttft_ms_p99"),
         ("peak memory / KV reserved (GiB)", "perf/peak_mem_gb", "perf/kv_reserved_gb"),
         ("KV utilization", "perf/kv_util", None),
         ("lateness p50 / p99 (ms)", "perf/lateness_ms_p50", "perf/lateness_ms_p99"),
+        ("KS input length: replayed / trace", "traffic/ks_input_len", "traffic/ks_input_len_trace"),
+        ("KS output length: replayed / trace", "traffic/ks_output_len", "traffic/ks_output_len_trace"),
         ("BLEU / ROUGE-L vs ref", "quality/bleu_vs_ref", "quality/rougeL_vs_ref"),
         ("load / start (s)", "perf/load_s", "perf/start_s"))
 
@@ -21,19 +25,29 @@ def fmt(v) -> str:
     return f"{v:.4g}" if abs(v) < 1000 else f"{v:,.0f}"
 
 
+def _rows(metrics: dict[str, float]):
+    """(label, value text) per row; a row whose metrics the run did not log (KS of the builtin workload) is left out
+    unless it is a headline row, which shows '-'."""
+    for label, a, b in ROWS:
+        if a.startswith("traffic/") and a not in metrics:
+            continue
+        yield label, fmt(metrics.get(a)) + ("" if b is None else f" / {fmt(metrics.get(b))}")
+
+
 def results_table(metrics: dict[str, float], title: str) -> str:
     lines = [title, "-" * len(title)]
-    for label, a, b in ROWS:
-        vals = fmt(metrics.get(a)) + ("" if b is None else f" / {fmt(metrics.get(b))}")
-        lines.append(f"{label:<34} {vals}")
+    lines += [f"{label:<34} {vals}" for label, vals in _rows(metrics)]
+    lines += [f"warning: {msg}" for msg in departures(metrics).values()]
     return "\n".join(lines)
 
 
 def results_markdown(metrics: dict[str, float], title: str) -> str:
     """The headline table in Markdown: results.md, an artifact of every run."""
     lines = [f"# {title}", "", "| metric | value |", "|---|---|"]
-    for label, a, b in ROWS:
-        lines.append(f"| {label} | {fmt(metrics.get(a))}{'' if b is None else ' / ' + fmt(metrics.get(b))} |")
+    lines += [f"| {label} | {vals} |" for label, vals in _rows(metrics)]
+    notes = departures(metrics)
+    if notes:
+        lines += ["", "**Not the trace's traffic:**", ""] + [f"- {msg} (tag `{tag}=true`)" for tag, msg in notes.items()]
     return "\n".join(lines) + "\n"
 
 

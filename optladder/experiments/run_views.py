@@ -4,7 +4,8 @@ each opt ran as tags and params one can filter on, and the KV curves of the repl
 - name: `engine:opts:model`, then `key=value` for every swept key the name does not show already
   (`reference:baseline:tiny seed=1`); the sweep callback names the swept keys.
 - tags: engine, model, opts, workload, dtype (resolved: auto is float32 on a CPU), device, seed, git_commit,
-  `profiled` when +profile ran, `sweep.<key>` per swept key, and `opt.<name>` = on | off as really in
+  `profiled` when +profile ran, `optladder.lengths_changed=true` (and the other tags of
+  traffic.workload.departures) when the replay departs from its trace, `sweep.<key>` per swept key, and `opt.<name>` = on | off as really in
   effect (opts_effective), so `tags."opt.paged_kv" = "on"` finds the runs where paged KV ran; the evidence
   itself is in the params `opts_effective.<opt>.<field>`.
 - KV curves `kv/reserved_gb`, `kv/used_gb`, `kv/util`: the replay only (not warm-up, quality or capacity
@@ -16,6 +17,7 @@ from __future__ import annotations
 import time
 
 from optladder.engine.loader import resolve_device, resolve_dtype
+from optladder.traffic.workload import departures
 
 SWEEP_TAG = "sweep."
 # keys a run's name shows already (engine:opts:model), so a sweep over them adds nothing to it
@@ -30,7 +32,8 @@ def run_name(conf, opts: list[str], tags: dict[str, str]) -> str:
     return " ".join([base, *swept])
 
 
-def run_tags(conf, opts: list[str], environment: dict) -> dict[str, str]:
+def run_tags(conf, opts: list[str], environment: dict, workload_stats: dict[str, float] | None = None) -> dict[str, str]:
+    """workload_stats: the built workload's stats, whose departures from the trace become tags."""
     try:
         dtype = str(resolve_dtype(conf.engine.dtype, resolve_device(conf.engine.device))).replace("torch.", "")
     except ValueError:  # a device this machine lacks: the engine refuses it later, with the fix
@@ -41,6 +44,7 @@ def run_tags(conf, opts: list[str], environment: dict) -> dict[str, str]:
             "git_commit": str(environment.get("git_commit"))}
     if conf.profile is not None:  # its profiled steps ran slower: not a run to gate on
         tags["profiled"] = conf.profile.name
+    tags.update({tag: "true" for tag in departures(workload_stats or {})})
     return tags
 
 

@@ -7,7 +7,8 @@ conversation trace, `traces/azure_conv_2023.csv` under the data root unless `pat
 lengths drawn as for builtin).
 
 Steps: load -> sample `num_requests` rows (stratified on both lengths, a contiguous window, or the head)
--> KS distance of each length to the full trace -> fit lengths to max_model_len -> arrival times ->
+-> KS distance of each length to the full trace -> fit lengths to max_model_len (and the KS distance
+again, of what is sent) -> arrival times ->
 prompts of exactly the sampled input lengths (traffic.materialize) -> `Request`s asking for exactly the
 recorded output length, ignoring EOS.
 
@@ -21,8 +22,13 @@ use their own timestamps.
 Mooncake traces count prompts in 512-token hash blocks; with `block_tokens` B < 512 each block becomes B
 tokens and input lengths scale by B/512, so the shared-prefix structure survives on small models.
 
-Stats: `traffic/ks_{input,output}_len` (sample vs full trace, before fitting; not for builtin),
-`traffic/changed_lengths` (fitted to max_model_len), `traffic/{skipped,reordered}_rows`,
+Stats: `traffic/ks_{input,output}_len`: the KS distance of the lengths as sent (after the length policy)
+to the full trace's (both in the replay's units: hash-block rows re-expressed in block_tokens);
+`traffic/ks_{input,output}_len_trace`: the same of the sample before fitting, how well the sample represents
+the trace (neither for builtin); `traffic/changed_lengths` (requests fitted to max_model_len),
+`traffic/changed_{input,output}_share` (share of requests whose input, or output, length the policy
+changed: above sampling.LENGTHS_CHANGED_WARN a warning and the run tag `optladder.lengths_changed=true`,
+see `departures`), `traffic/{skipped,reordered}_rows`,
 `traffic/num_requests`, `traffic/duration_s` and `traffic/mean_rate_req_s` ((n - 1) / duration; both 0
 in closed mode). `Request.prompt` is the decoded text, for display and text-only endpoints: decoded
 text does not re-tokenize to the same length (on the Azure sample with SmolLM2's tokenizer, most do
@@ -40,7 +46,8 @@ from optladder.traffic.arrivals import gamma_arrivals, mean_rate, poisson_arriva
 from optladder.traffic.materialize import (PROMPT_SOURCES, build_pool, materialize_with_sources, prefix_groups, prompt_texts,
                                  sources_label)
 from optladder.traffic.request import Request
-from optladder.traffic.sampling import LENGTH_POLICIES, fit_lengths, ks_distance, stratified_sample, window_sample
+from optladder.traffic.sampling import (LENGTH_POLICIES, LENGTHS_CHANGED_WARN, changed_shares, fit_lengths, ks_distance,
+                                       stratified_sample, window_sample)
 from optladder.traffic.traces import ON_BAD_ROW, TraceRow, load_trace
 
 WORKLOADS = ("builtin", "azure_conv", "mooncake", "jsonl", "sharegpt")
@@ -127,14 +134,22 @@ def build_workload(cfg: WorkloadConfig, tokenizer: Any, max_model_len: int,
         warnings.append(f"asked for {cfg.num_requests} requests, the trace has {len(full)}: using all")
     idx = _sample(cfg.sampling, full, n, cfg.seed)
     rows = [full[i] for i in idx]
-    if cfg.name != "builtin":  # measured before fitting: how well the sample represents the trace
+    traced = cfg.name != "builtin"
+    if traced:  # before fitting: how well the sample represents the trace
         for key in ("input_len", "output_len"):
-            stats[f"traffic/ks_{key}"] = ks_distance([getattr(r, key) for r in rows],
-                                                     [getattr(r, key) for r in full])
+            stats[f"traffic/ks_{key}_trace"] = ks_distance([getattr(r, key) for r in rows],
+                                                           [getattr(r, key) for r in full])
     rows = _scale_blocks(rows, cfg.block_tokens, warnings)
     fitted, changed = fit_lengths(rows, max_model_len, cfg.length_policy)
     if changed:
         warnings.append(_fit_warning(rows, changed, max_model_len, cfg))
+    stats["traffic/changed_input_share"], stats["traffic/changed_output_share"] = changed_shares(rows, fitted)
+    if traced:  # what is sent, against the whole trace in the same units (hash blocks of block_tokens)
+        reference = _scale_blocks(full, cfg.block_tokens, [])
+        for key in ("input_len", "output_len"):
+            stats[f"traffic/ks_{key}"] = ks_distance([getattr(r, key) for r in fitted],
+                                                     [getattr(r, key) for r in reference])
+    warnings.extend(departures(stats).values())
     rows = fitted
     schedule = _schedule(cfg, full, idx, timed, source)
     requests, text_source = _requests(cfg, rows, schedule, tokenizer, data_root)
@@ -180,6 +195,26 @@ def _requests(cfg: WorkloadConfig, rows: list[TraceRow], schedule: list[float], 
                         prompt=tokenizer.decode(ids), ignore_eos=True, prefix_group=g)
                 for i, (r, ids, t, g) in enumerate(zip(rows, prompts, schedule, prefix_groups(rows)))]
     return requests, sources_label(sources, text_source)
+
+
+def departures(stats: dict[str, float]) -> dict[str, str]:
+    """Where the replay departs from its trace, from a workload's stats (or a run's metrics, which hold them):
+    {run tag: the sentence that says so, with the numbers}. A run sets each tag to "true"; its warnings,
+    results.md and printed table carry the sentences. Empty when the replay is the trace's.
+
+    `optladder.lengths_changed`: the length policy changed more than LENGTHS_CHANGED_WARN of the input or of
+    the output lengths."""
+    out: dict[str, str] = {}
+    share_in, share_out = stats.get("traffic/changed_input_share"), stats.get("traffic/changed_output_share")
+    if share_in is not None and share_out is not None and max(share_in, share_out) > LENGTHS_CHANGED_WARN:
+        msg = (f"the length policy changed {share_in:.0%} of the input lengths and {share_out:.0%} of the output "
+               f"lengths (more than {LENGTHS_CHANGED_WARN:.0%}): the replay does not have the trace's lengths")
+        ks = [stats.get(f"traffic/ks_{k}_len{t}") for t in ("", "_trace") for k in ("input", "output")]
+        if None not in ks:
+            msg += (f"; KS distance to the trace of the lengths as replayed {ks[0]:.3f} (input) / {ks[1]:.3f} "
+                    f"(output), of the sample before fitting {ks[2]:.3f} / {ks[3]:.3f}")
+        out["optladder.lengths_changed"] = msg
+    return out
 
 
 def _fit_warning(rows: list[TraceRow], changed: int, max_model_len: int, cfg: WorkloadConfig) -> str:
