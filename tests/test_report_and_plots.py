@@ -67,3 +67,16 @@ def test_results_say_when_the_replay_does_not_have_the_traces_lengths():
     kept = {**CLIPPED, "traffic/changed_input_share": 0.02}
     assert "warning" not in results_table(kept, "t") and "Not the trace" not in results_markdown(kept, "t")
     assert "KS input" not in results_table({"perf/kv_util": 0.5}, "t")  # builtin: no trace, no KS row
+
+
+def test_prefix_reuse_of_the_trace_stands_beside_the_engines():
+    from optladder.experiments.report import results_markdown
+
+    reuse = {"traffic/prefix_hit_rate_trace": 0.114, "traffic/prefix_hit_rate_replayed": 0.8}
+    md = results_markdown({**reuse, "perf/prefix_hit_rate": 0.75}, "t")
+    assert "| prefix hits: trace/replayed/engine | 0.114 / 0.8 / 0.75 |" in md
+    assert "fitting the lengths moved the prefix-cache hit rate" in md
+    assert "(tag `optladder.prefix_reuse_changed=true`)" in md
+    rows = {line[:34].strip(): line[34:].strip() for line in results_table(reuse, "t").splitlines()[2:]}
+    assert rows["prefix hits: trace/replayed/engine"] == "0.114 / 0.8 / -"  # prefix_cache off: no engine figure
+    assert "prefix hits" not in results_table({"perf/prefix_hit_rate": 0.5}, "t")

@@ -14,3 +14,11 @@ def test_a_replay_whose_lengths_changed_is_tagged():
     kept = {"traffic/changed_input_share": 0.05, "traffic/changed_output_share": 0.05}
     assert "optladder.lengths_changed" not in run_tags(conf, [], {}, kept)
     assert "optladder.lengths_changed" not in run_tags(conf, [], {})
+
+
+def test_a_replay_whose_prefix_reuse_changed_is_tagged():
+    conf = build(compose_config(["tracking.enabled=false"]))
+    moved = {"traffic/prefix_hit_rate_trace": 0.114, "traffic/prefix_hit_rate_replayed": 0.8}
+    assert run_tags(conf, [], {}, moved)["optladder.prefix_reuse_changed"] == "true"
+    kept = {"traffic/prefix_hit_rate_trace": 0.5, "traffic/prefix_hit_rate_replayed": 0.54}
+    assert "optladder.prefix_reuse_changed" not in run_tags(conf, [], {}, kept)

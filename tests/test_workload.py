@@ -375,7 +375,15 @@ def test_lengths_are_fitted_with_the_configured_policy(tmp_path):
       TraceRow(0, 10, 512, hash_ids=[4])], 3, "clip", 512,
      "3 of 4 requests (75%) exceed engine.max_model_len=512 and were clipped (workload.length_policy=clip); "
      "engine.max_model_len=1010 fits them all, or workload.block_tokens=257 (prompt blocks of 257 tokens "
-     "instead of 512). Most requests changed: this replay does not have the trace's lengths"),
+     "instead of 512), which fits 2 of the 3 hash-block requests (1 fit at no block_tokens). Most requests "
+     "changed: this replay does not have the trace's lengths"),
+    # one row fits at no block_tokens (its output leaves 1 token for 2000 of prompt): the others still get theirs
+    ([TraceRow(0, 1000, 12, hash_ids=[1, 2]), TraceRow(0, 2000, 511, hash_ids=[3]), TraceRow(0, 600, 12, hash_ids=[5]),
+      TraceRow(0, 10, 10)], 3, "clip", 512,
+     "3 of 4 requests (75%) exceed engine.max_model_len=512 and were clipped (workload.length_policy=clip); "
+     "engine.max_model_len=2511 fits them all, or workload.block_tokens=256 (prompt blocks of 256 tokens "
+     "instead of 512), which fits 2 of the 3 hash-block requests (1 fit at no block_tokens). Most requests "
+     "changed: this replay does not have the trace's lengths"),
     ([TraceRow(0, 100, 10, hash_ids=[3]), TraceRow(0, 2000, 5)], 1, "clip", 512,  # unhashed rows do not shrink
      "1 of 2 requests (50%) exceed engine.max_model_len=512 and were clipped (workload.length_policy=clip); "
      "engine.max_model_len=2005 fits them all"),
@@ -593,3 +601,71 @@ def test_changed_shares_count_each_length_on_its_own():
     assert changed_shares(before, after) == (0.5, 0.5)
     with pytest.raises(ValueError, match="got 4 and 3 rows"):
         changed_shares(before, after[:3])
+
+
+# --- prefix reuse as the trace has it, and as replayed ---
+def test_prefix_hit_rate_counts_chained_blocks_before_the_last_token():
+    from optladder.traffic.materialize import prefix_hit_rate
+
+    rows = [TraceRow(0, 2048, 10, hash_ids=[1, 2, 3, 4]),  # queries (2048 - 1) // 512 = 3 blocks: all miss
+            TraceRow(0, 2048, 10, hash_ids=[1, 2, 3, 5]),  # 3 queried, [1], [1,2], [1,2,3] cached: 3 hits
+            TraceRow(0, 1536, 10, hash_ids=[1, 2, 6]),  # 2 queried, 2 hits
+            TraceRow(0, 1024, 10, hash_ids=[7, 8]),  # 1 queried, a miss
+            TraceRow(0, 1024, 10, hash_ids=[9, 2]),  # 2 after 9 is not 2 after 1: 1 queried, a miss
+            TraceRow(0, 1025, 10, hash_ids=[7, 8, 1])]  # 2 queried: [7] and [7,8] were full blocks: 2 hits
+    assert prefix_hit_rate(rows, 512) == 7 / 12
+    # the last prompt token's block is never queried: 512 tokens query nothing, 513 one block
+    assert prefix_hit_rate([TraceRow(0, 512, 1, hash_ids=[1]), TraceRow(0, 512, 1, hash_ids=[1])], 512) is None
+    assert prefix_hit_rate([TraceRow(0, 513, 1, hash_ids=[1, 2]), TraceRow(0, 513, 1, hash_ids=[1, 2])], 512) == 0.5
+    # a partial block is not registered: the second row cannot reuse the first's 300 tokens
+    assert prefix_hit_rate([TraceRow(0, 300, 1, hash_ids=[1]), TraceRow(0, 1024, 1, hash_ids=[1, 2])], 512) == 0.0
+    # blocks beyond the hash ids are the row's own; rows with their own text have none to share
+    assert prefix_hit_rate([TraceRow(0, 2048, 1, hash_ids=[1]), TraceRow(0, 2048, 1, hash_ids=[1])], 512) == 1 / 6
+    assert prefix_hit_rate([TraceRow(0, 2048, 1, hash_ids=[1], prompt_text="x")] * 2, 512) is None
+    assert prefix_hit_rate([TraceRow(0, 64, 1, hash_ids=[1, 2, 3])] * 2, 16) == 3 / 6
+    with pytest.raises(ValueError, match="block_tokens must be >= 1, got 0"):
+        prefix_hit_rate(rows, 0)
+
+
+def _system_prompt_trace(tmp_path, n=5):
+    """n Mooncake rows of 8 blocks: one shared first block (a system prompt), then each its own."""
+    return write_jsonl(tmp_path, "mc.jsonl", [
+        {"timestamp": 100 * i, "input_length": 4096, "output_length": 10,
+         "hash_ids": [1] + [100 * (i + 1) + j for j in range(7)]} for i in range(n)])
+
+
+def test_clipping_changes_the_prefix_reuse_and_the_workload_says_so(tmp_path):
+    from optladder.traffic.workload import departures
+
+    cfg = WorkloadConfig(name="mooncake", path=_system_prompt_trace(tmp_path), num_requests=5, prompt_source="builtin")
+    whole = build_workload(cfg, TOK, max_model_len=5000, data_root=None)
+    # each row queries 7 blocks; the 4 after the first reuse the shared one: 4 / 35, kept when nothing is clipped
+    assert whole.stats["traffic/prefix_hit_rate_trace"] == whole.stats["traffic/prefix_hit_rate_replayed"] == 4 / 35
+    assert "optladder.prefix_reuse_changed" not in departures(whole.stats)
+    clipped = build_workload(cfg, TOK, max_model_len=1034, data_root=None)  # 1024 prompt tokens: 2 blocks, 1 queried
+    assert clipped.stats["traffic/prefix_hit_rate_trace"] == 4 / 35
+    assert clipped.stats["traffic/prefix_hit_rate_replayed"] == 4 / 5
+    note = departures(clipped.stats)["optladder.prefix_reuse_changed"]
+    assert "from 11.4% to 80.0%" in note and note in clipped.warnings
+
+
+def test_the_replayed_rate_is_what_the_engines_block_manager_counts(tmp_path):
+    """Prompts as materialized, through the reference engine's block manager one after another with a pool
+    that evicts nothing: the hits it counts are the rate the workload logged."""
+    from optladder.engine.block_manager import BlockManager
+    from optladder.engine.sequence import SamplingParams, Sequence
+
+    rows = [{"timestamp": 10 * i, "input_length": 512 * (1 + i % 4) + 37 * i, "output_length": 3,
+             "hash_ids": [1, 2, 3 + i % 3, 10 + i % 2, 20 + i]} for i in range(12)]
+    cfg = WorkloadConfig(name="mooncake", path=write_jsonl(tmp_path, "mc.jsonl", rows), num_requests=12,
+                         block_tokens=16, prompt_source="builtin")
+    w = build_workload(cfg, TOK, max_model_len=50, data_root=None)
+    bm = BlockManager(num_blocks=4096, block_size=16, enable_prefix_cache=True)
+    for r in w.requests:
+        s = Sequence(r.id, r.prompt_token_ids, SamplingParams(max_tokens=1))
+        bm.allocate(s)
+        bm.register_full_blocks(s, len(s))
+        bm.deallocate(s)
+    assert 0 < bm.prefix_hits < bm.prefix_queries
+    assert w.stats["traffic/prefix_hit_rate_replayed"] == bm.prefix_hits / bm.prefix_queries
+    assert w.stats["traffic/changed_input_share"] > 0.4  # many were clipped: their last blocks are not queried

@@ -25,13 +25,20 @@ def fmt(v) -> str:
     return f"{v:.4g}" if abs(v) < 1000 else f"{v:,.0f}"
 
 
+PREFIX_ROW = ("prefix hits: trace/replayed/engine", "traffic/prefix_hit_rate_trace", "traffic/prefix_hit_rate_replayed",
+              "perf/prefix_hit_rate")
+
+
 def _rows(metrics: dict[str, float]):
-    """(label, value text) per row; a row whose metrics the run did not log (KS of the builtin workload) is left out
-    unless it is a headline row, which shows '-'."""
+    """(label, value text) per row. A traffic row whose metrics the run did not log (KS of the builtin workload) is
+    left out; every other row shows '-' for what was not measured. Hash-block traces add the prefix-cache hit rate
+    their hash ids promise (over the sample, and as replayed) beside the engine's own, where it has one."""
     for label, a, b in ROWS:
         if a.startswith("traffic/") and a not in metrics:
             continue
         yield label, fmt(metrics.get(a)) + ("" if b is None else f" / {fmt(metrics.get(b))}")
+    if PREFIX_ROW[1] in metrics:
+        yield PREFIX_ROW[0], " / ".join(fmt(metrics.get(k)) for k in PREFIX_ROW[1:])
 
 
 def results_table(metrics: dict[str, float], title: str) -> str:

@@ -10,6 +10,10 @@ two unrelated prompts do not share a first block by accident and fool a prefix c
 Shared prefixes (Mooncake `hash_ids`): each distinct hash id stands for one block of `block_tokens`
 tokens, cut once from the pool; a prompt is the concatenation of its blocks, cut to its length. Rows whose
 hash-id lists share a leading run therefore share exactly those token ids, as in the real trace.
+A prompt clipped to a shorter length keeps its first ceil(length / block_tokens) blocks.
+
+`prefix_hit_rate` is the prefix-cache hit rate the hash ids promise, counted as the reference engine counts
+its own `perf/prefix_hit_rate`: on the trace's blocks (512 tokens) and on the blocks as replayed.
 """
 from __future__ import annotations
 
@@ -26,6 +30,9 @@ from optladder.traffic.traces import TraceRow, load_trace
 PROMPT_SOURCES = ("auto", "sharegpt", "builtin")
 SHAREGPT_PATH = "prompts/sharegpt_500.json"  # under the data root
 BUILTIN_TEXT = Path(__file__).with_name("builtin_text.txt")
+# How far (absolute, as a share of blocks) fitting may move the hit rate the hash ids promise before a
+# workload says its replay does not have the trace's prefix reuse.
+PREFIX_HIT_CHANGE_WARN = 0.05
 
 
 @dataclass
@@ -126,3 +133,43 @@ def prefix_groups(rows: Sequence[TraceRow]) -> list[str | None]:
         if h is not None:
             counts[h] = counts.get(h, 0) + 1
     return [f"hash-{h}" if h is not None and counts[h] > 1 else None for h in firsts]
+
+
+def prefix_hit_rate(rows: Sequence[TraceRow], block_tokens: int) -> float | None:
+    """The prefix-cache hit rate of rows replayed in their order through a cache that is empty at the first
+    row and never evicts, counted as the reference engine counts hits (optladder/engine/block_manager.py):
+
+    - a row of input length L covers ceil(L / B) block positions of B = block_tokens tokens; position i is the
+      hash block hash_ids[i] while i < len(hash_ids), else the row's own filler (never shared). Rows with their
+      own prompt text have no shared blocks (materialize does not use their hash ids).
+    - queried: the full blocks before the last prompt token, (L - 1) // B per row: the engine computes at
+      least one prompt token, for its logits, and queries only blocks before it.
+    - hit: a queried position i whose chain hash_ids[0..i] (a block is reused only after the same blocks,
+      the engine's chained hash) was a full block, position j < L' // B, of an earlier row. A miss ends the
+      row's reuse, as in the engine.
+
+    Hit rate = hits / queried blocks, pooled over rows; None when no row has hash ids or none queries a
+    block. With rows clipped by fit_lengths each keeps only its first blocks, so the rate on the fitted rows
+    is the reuse the replay can show. The engine counts blocks of engine.block_size and evicts when its pool
+    is full, so its own rate matches this one for block_tokens a multiple of its block size and a pool that
+    holds the window."""
+    if block_tokens < 1:
+        raise ValueError(f"block_tokens must be >= 1, got {block_tokens}")
+    if not any(r.hash_ids and r.prompt_text is None for r in rows):
+        return None
+    seen: dict[tuple[int, int], int] = {}  # (parent chain node, hash id) -> chain node: a trie of full blocks
+    hits = queried = 0
+    for r in rows:
+        hashes = r.hash_ids if r.prompt_text is None and r.hash_ids else []
+        n_query = max(0, r.input_len - 1) // block_tokens
+        queried += n_query
+        node = -1
+        for h in hashes[:n_query]:
+            node = seen.get((node, h), -2)
+            if node == -2:
+                break
+            hits += 1
+        node = -1
+        for h in hashes[:r.input_len // block_tokens]:  # this row's full blocks, reusable by the rows after it
+            node = seen.setdefault((node, h), len(seen))
+    return hits / queried if queried else None

@@ -28,7 +28,10 @@ to the full trace's (both in the replay's units: hash-block rows re-expressed in
 the trace (neither for builtin); `traffic/changed_lengths` (requests fitted to max_model_len),
 `traffic/changed_{input,output}_share` (share of requests whose input, or output, length the policy
 changed: above sampling.LENGTHS_CHANGED_WARN a warning and the run tag `optladder.lengths_changed=true`,
-see `departures`), `traffic/{skipped,reordered}_rows`,
+see `departures`); for hash-block traces `traffic/prefix_hit_rate_trace` and `traffic/prefix_hit_rate_replayed`
+(materialize.prefix_hit_rate of the sample's 512-token blocks, and of the blocks as replayed after fitting:
+above materialize.PREFIX_HIT_CHANGE_WARN apart, a warning and `optladder.prefix_reuse_changed=true`),
+`traffic/{skipped,reordered}_rows`,
 `traffic/num_requests`, `traffic/duration_s` and `traffic/mean_rate_req_s` ((n - 1) / duration; both 0
 in closed mode). `Request.prompt` is the decoded text, for display and text-only endpoints: decoded
 text does not re-tokenize to the same length (on the Azure sample with SmolLM2's tokenizer, most do
@@ -43,8 +46,8 @@ from typing import Any, Optional
 import numpy as np
 
 from optladder.traffic.arrivals import gamma_arrivals, mean_rate, poisson_arrivals, trace_arrivals
-from optladder.traffic.materialize import (PROMPT_SOURCES, build_pool, materialize_with_sources, prefix_groups, prompt_texts,
-                                 sources_label)
+from optladder.traffic.materialize import (PREFIX_HIT_CHANGE_WARN, PROMPT_SOURCES, build_pool, materialize_with_sources,
+                                          prefix_groups, prefix_hit_rate, prompt_texts, sources_label)
 from optladder.traffic.request import Request
 from optladder.traffic.sampling import (LENGTH_POLICIES, LENGTHS_CHANGED_WARN, changed_shares, fit_lengths, ks_distance,
                                        stratified_sample, window_sample)
@@ -133,7 +136,7 @@ def build_workload(cfg: WorkloadConfig, tokenizer: Any, max_model_len: int,
     if n < cfg.num_requests:
         warnings.append(f"asked for {cfg.num_requests} requests, the trace has {len(full)}: using all")
     idx = _sample(cfg.sampling, full, n, cfg.seed)
-    rows = [full[i] for i in idx]
+    rows = sample = [full[i] for i in idx]
     traced = cfg.name != "builtin"
     if traced:  # before fitting: how well the sample represents the trace
         for key in ("input_len", "output_len"):
@@ -149,6 +152,9 @@ def build_workload(cfg: WorkloadConfig, tokenizer: Any, max_model_len: int,
         for key in ("input_len", "output_len"):
             stats[f"traffic/ks_{key}"] = ks_distance([getattr(r, key) for r in fitted],
                                                      [getattr(r, key) for r in reference])
+    reuse = (prefix_hit_rate(sample, MOONCAKE_BLOCK), prefix_hit_rate(fitted, cfg.block_tokens))
+    if None not in reuse:  # hash-block rows: the reuse the trace has over this window, and as replayed
+        stats["traffic/prefix_hit_rate_trace"], stats["traffic/prefix_hit_rate_replayed"] = reuse
     warnings.extend(departures(stats).values())
     rows = fitted
     schedule = _schedule(cfg, full, idx, timed, source)
@@ -203,7 +209,8 @@ def departures(stats: dict[str, float]) -> dict[str, str]:
     results.md and printed table carry the sentences. Empty when the replay is the trace's.
 
     `optladder.lengths_changed`: the length policy changed more than LENGTHS_CHANGED_WARN of the input or of
-    the output lengths."""
+    the output lengths. `optladder.prefix_reuse_changed`: the hit rate of the blocks as replayed is more than
+    materialize.PREFIX_HIT_CHANGE_WARN away from the trace's own (clipped prompts lose their last blocks)."""
     out: dict[str, str] = {}
     share_in, share_out = stats.get("traffic/changed_input_share"), stats.get("traffic/changed_output_share")
     if share_in is not None and share_out is not None and max(share_in, share_out) > LENGTHS_CHANGED_WARN:
@@ -214,6 +221,12 @@ def departures(stats: dict[str, float]) -> dict[str, str]:
             msg += (f"; KS distance to the trace of the lengths as replayed {ks[0]:.3f} (input) / {ks[1]:.3f} "
                     f"(output), of the sample before fitting {ks[2]:.3f} / {ks[3]:.3f}")
         out["optladder.lengths_changed"] = msg
+    trace, replayed = stats.get("traffic/prefix_hit_rate_trace"), stats.get("traffic/prefix_hit_rate_replayed")
+    if trace is not None and replayed is not None and abs(replayed - trace) > PREFIX_HIT_CHANGE_WARN:
+        out["optladder.prefix_reuse_changed"] = (
+            f"fitting the lengths moved the prefix-cache hit rate the trace's hash ids promise from {trace:.1%} "
+            f"to {replayed:.1%} (by more than {PREFIX_HIT_CHANGE_WARN:.0%}): the replay does not have the trace's "
+            f"prefix reuse")
     return out
 
 
@@ -224,11 +237,17 @@ def _fit_warning(rows: list[TraceRow], changed: int, max_model_len: int, cfg: Wo
     msg = (f"{changed} of {n} requests ({changed / n:.0%}) exceed engine.max_model_len={max_model_len} and were "
            f"{verb} (workload.length_policy={cfg.length_policy}); engine.max_model_len="
            f"{max(r.input_len + r.output_len for r in rows)} fits them all")
-    hashed = [r for r in rows if r.hash_ids and r.output_len < max_model_len]
-    if hashed:  # hash-block rows shrink with block_tokens: the largest that fits every such row
-        fit = min(cfg.block_tokens * (max_model_len - r.output_len) / max(1, r.input_len) for r in hashed)
-        if 1 <= fit < cfg.block_tokens:
-            msg += f", or workload.block_tokens={int(fit)} (prompt blocks of {int(fit)} tokens instead of 512)"
+    hashed = [r for r in rows if r.hash_ids]
+    # hash-block rows shrink with block_tokens: each fits up to its own largest value (below 1: at none, as a
+    # row whose output alone fills the context); the largest value that fits every row that can fit
+    limits = [cfg.block_tokens * (max_model_len - r.output_len) / max(1, r.input_len) for r in hashed]
+    can = [b for b in limits if b >= 1]
+    if can and min(can) < cfg.block_tokens:
+        fit = int(min(can))
+        msg += f", or workload.block_tokens={fit} (prompt blocks of {fit} tokens instead of 512)"
+        if len(can) < len(hashed):
+            msg += (f", which fits {len(can)} of the {len(hashed)} hash-block requests ({len(hashed) - len(can)} "
+                    f"fit at no block_tokens)")
     if changed > n / 2:
         msg += ". Most requests changed: this replay does not have the trace's lengths"
     return msg
