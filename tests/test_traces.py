@@ -107,6 +107,31 @@ def test_missing_file_names_path_and_data_root(tmp_path, monkeypatch):
         resolve_data_path("traces/nope.csv", None)
 
 
+def test_a_directory_is_not_reported_as_missing(tmp_path, monkeypatch):
+    monkeypatch.delenv("OPTLADDER_DATA", raising=False)
+    (tmp_path / "traces").mkdir()
+    for name in ("a.csv", "b.jsonl", "c.csv", "d.csv", "e.csv", "f.csv"):
+        (tmp_path / "traces" / name).write_text("")
+    with pytest.raises(IsADirectoryError) as e:
+        load_trace("azure", "traces", data_root=str(tmp_path))
+    assert str(e.value) == (f"data file 'traces' is a directory ({tmp_path / 'traces'}), not a file: give the path "
+                            f"of the file itself (it holds a.csv, b.jsonl, c.csv, d.csv, e.csv, ...)")
+    assert "data.root" not in str(e.value)  # the data root is right: setting it again would not help
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(IsADirectoryError, match=r"is a directory .*\(it holds no files\)$"):
+        load_trace("mooncake", str(tmp_path / "empty"))
+
+
+def test_a_directory_as_the_workload_path_is_a_user_error(tmp_path):
+    from optladder.experiments.errors import UserError, as_user_error
+    from optladder.traffic.workload import WorkloadConfig, build_workload
+    from tests.test_workload import TOK
+
+    with pytest.raises(UserError, match="is a directory"):
+        with as_user_error():
+            build_workload(WorkloadConfig(name="jsonl", path=str(tmp_path)), TOK, 512)
+
+
 def test_resolve_data_path(tmp_path, monkeypatch):
     f = tmp_path / "traces" / "t.csv"
     f.parent.mkdir()

@@ -115,3 +115,13 @@ def test_alpaca_eval_file_as_a_user_set_matches_the_builtin_loader():
     theirs = load_prompt_set(QualityConfig(name="alpaca_eval", num_prompts=803), str(DATA))
     assert len(mine) == 803
     assert [(it.prompt, it.references) for it in mine] == [(it.prompt, it.references) for it in theirs]
+
+
+def test_alpaca_errors_count_rows_as_the_ids_do(tmp_path):
+    rows = [{"instruction": "Add the numbers.", "output": "5"}, {"instruction": "No answer."},
+            {"instruction": "Say hi.", "output": "Hi."}]
+    path = tmp_path / "alpaca_data.json"
+    path.write_text(json.dumps(rows))
+    with pytest.raises(ValueError, match=f"^{path}:entry 2: "):  # the second row, the one that would be -00002
+        user_set(path)
+    assert [it.id for it in user_set(path, on_bad_row="skip")] == ["alpaca_data-00001", "alpaca_data-00003"]

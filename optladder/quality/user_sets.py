@@ -65,7 +65,7 @@ def read_rows(path: Path) -> Iterator[tuple[str, int, Any]]:
         except json.JSONDecodeError as e:
             raise ValueError(f"{path}:{e.lineno}:{e.colno}: not valid JSON ({e.msg})") from None
         for i, row in enumerate(rows):
-            yield f"entry {i}", i + 1, row
+            yield f"entry {i + 1}", i + 1, row  # counted from 1, as the ids of rows without one
         return
     pos = 0
     for lineno, line in enumerate(text.splitlines(), 1):

@@ -6,13 +6,22 @@ import os
 from pathlib import Path
 
 DATA_ENV = "OPTLADDER_DATA"
+MAX_LISTED = 5  # files of a directory named where a file was wanted
 
 
 def resolve_data_path(path: str, data_root: str | None) -> Path:
-    """Absolute paths as they are; relative ones under data_root (else $OPTLADDER_DATA, else the cwd)."""
+    """Absolute paths as they are; relative ones under data_root (else $OPTLADDER_DATA, else the cwd).
+    FileNotFoundError when nothing is there (naming where it looked and how to set the data root);
+    IsADirectoryError when a directory is (naming a few of its files)."""
     p = Path(path).expanduser()
     root = None if p.is_absolute() else (data_root or os.environ.get(DATA_ENV))
     full = Path(root).expanduser() / p if root else p
+    if full.is_dir():  # found, but a folder: setting the data root would not help
+        inside = sorted(c.name for c in full.iterdir() if c.is_file())
+        holds = (f"it holds {', '.join(inside[:MAX_LISTED])}{', ...' if len(inside) > MAX_LISTED else ''}"
+                 if inside else "it holds no files")
+        raise IsADirectoryError(f"data file {path!r} is a directory ({full}), not a file: give the path of the "
+                                f"file itself ({holds})")
     if not full.is_file():
         searched = f"data root {root!r}" if root else ("no data root (absolute path)" if p.is_absolute()
                                                         else "no data root set, so the current directory")
