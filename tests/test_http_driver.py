@@ -190,3 +190,16 @@ def test_payload_sends_token_ids_and_asks_for_exact_lengths():
 def test_bad_config_is_refused(make, match):
     with pytest.raises(ValueError, match=match):
         make()
+
+
+def test_sent_at_is_when_the_client_really_sent(server):
+    """One locust user and every request due at once: each is sent only when the one before it has finished, so
+    its lateness (sent_at - scheduled_at) is at least that one's finish time, measured on the same clock."""
+    reqs = [Request(f"late-{i}", list(range(300, 340)), 6, scheduled_at=0.0, prompt="late") for i in range(4)]
+    records = replay_http(reqs, server.url, "tiny", ReplayConfig(progress=False, max_users=1), Pacing("open"))
+    assert all(r.ok for r in records), [r.error for r in records]
+    for prev, rec in zip(records, records[1:]):
+        assert rec.scheduled_at == 0.0
+        assert rec.lateness >= prev.finished_at > prev.sent_at >= 0.0
+        assert rec.first_token_at > rec.sent_at  # TTFT from the real send, not from the schedule
+    assert records[-1].lateness > 0.0

@@ -158,3 +158,35 @@ def test_an_open_loop_replay_stops_too_and_unsent_requests_fail(engine):
     records = InProcessDriver(engine, params, on_record=on_record).replay(rs, QUIET, Pacing("open"))
     assert records[0].ok and all(r.error == "stopped: decided" and r.sent_at is None for r in records[1:])
     assert not engine.has_unfinished() and engine.block_manager.num_free_blocks == free_before
+
+
+class _LateWaker:
+    """The replay module's `time`, but a sleep that returns EXTRA_S late, as on an overloaded host: every
+    request is sent late, and when each sender woke is kept to bound how late."""
+
+    EXTRA_S = 0.15
+
+    def __init__(self):
+        import time as real
+
+        self.real, self.woke = real, []
+        self.monotonic = real.monotonic
+
+    def sleep(self, s):
+        self.real.sleep(s + self.EXTRA_S)
+        self.woke.append(self.real.monotonic())
+
+
+def test_sent_at_is_when_the_request_was_really_sent(engine, monkeypatch):
+    """lateness = sent_at - scheduled_at is measured, not assumed: a sender that wakes late shows it."""
+    import optladder.traffic.replay as replay
+
+    clock = _LateWaker()
+    monkeypatch.setattr(replay, "time", clock)
+    driver = InProcessDriver(engine, params)
+    schedule = [Request(f"r{i}", list(range(100, 112)), 2, scheduled_at=0.05 + 0.3 * i) for i in range(3)]
+    records = driver.replay(schedule, QUIET, Pacing("open"))
+    assert all(r.ok for r in records) and len(clock.woke) == 3  # each send waited for its time, and woke late
+    for rec, woke in zip(records, clock.woke):
+        assert rec.sent_at >= woke - driver.t0  # stamped after the sender woke, not at its scheduled time
+        assert rec.lateness >= woke - driver.t0 - rec.scheduled_at >= 0.9 * clock.EXTRA_S

@@ -192,3 +192,14 @@ def test_fit_lengths_boundaries_and_scale_floors():
     rows = [TraceRow(0.0, 60, 40)]
     assert fit_lengths(rows, 100) == (rows, 0)  # exactly max_model_len fits
     assert fit_lengths([TraceRow(0.0, 3, 197)], 100, "scale") == ([TraceRow(0.0, 1, 98)], 1)
+
+
+def test_ks_distance_is_two_sided():
+    """The sample's ECDF lies below the trace's everywhere (its lengths are the trace's longest): the largest
+    gap is negative, so a one-sided max(gap) would call the sample perfect."""
+    trace = [1, 2, 3, 10, 11, 12]
+    sample = [10, 11, 12]  # F_sample(3) = 0, F_trace(3) = 0.5
+    assert ks_distance(sample, trace) == 0.5
+    assert ks_distance(trace, sample) == 0.5  # and the same the other way round
+    assert ks_distance([100, 200], [1, 2, 3, 4]) == 1.0  # disjoint, sample entirely above
+    assert ks_distance([1, 2], [1, 2]) == 0.0
