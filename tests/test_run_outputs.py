@@ -34,7 +34,7 @@ def run(tmp_path_factory):
 
 def test_name_and_tags_tell_sweep_jobs_apart(run):
     result, client, r, _ = run
-    assert r.info.run_name == "reference:baseline:tiny seed=3"
+    assert r.info.run_name == "reference:baseline:tiny quality=chat_prompts seed=3"  # the prompt set by its file
     tags = r.data.tags
     assert (tags["workload"], tags["dtype"], tags["device"], tags["seed"], tags["sweep.seed"]) == \
         ("builtin", "float32", "cpu", "0", "3")
@@ -43,6 +43,21 @@ def test_name_and_tags_tell_sweep_jobs_apart(run):
         result.opts_effective["paged_kv"]["blocks_allocated"])
     found = client.search_runs([r.info.experiment_id], filter_string="tags.`opt.paged_kv` = 'off'")
     assert [x.info.run_id for x in found] == [result.run_id]
+    assert tags["quality"] == "jsonl" and tags["quality.file"] == "chat_prompts.jsonl" and "workload.file" not in tags
+
+
+def test_the_workload_and_prompt_set_are_dataset_inputs_named_by_file(run):
+    result, _, r, _ = run
+    inputs = {d.dataset.name: d for d in r.inputs.dataset_inputs}
+    assert set(inputs) == {"builtin", "chat_prompts"}
+    prompts = inputs["chat_prompts"]
+    assert json.loads(prompts.dataset.source) == {"uri": str(CHAT.resolve())}
+    assert prompts.dataset.digest == result.prompts_digest[:36]
+    assert inputs["builtin"].dataset.digest == result.requests_digest[:36]
+    assert {t.key: t.value for t in prompts.tags}["mlflow.data.context"] == "quality"
+    summary = json.loads((result.run_dir / "summary.json").read_text())
+    assert summary["quality"]["set"] == "chat_prompts.jsonl" and summary["quality"]["path"] == str(CHAT)
+    assert r.data.metrics["quality/skipped_rows"] == 0
 
 
 def test_kv_curves_cover_the_replay_only_on_a_real_clock(run):

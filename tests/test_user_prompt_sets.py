@@ -125,3 +125,12 @@ def test_alpaca_errors_count_rows_as_the_ids_do(tmp_path):
     with pytest.raises(ValueError, match=f"^{path}:entry 2: "):  # the second row, the one that would be -00002
         user_set(path)
     assert [it.id for it in user_set(path, on_bad_row="skip")] == ["alpaca_data-00001", "alpaca_data-00003"]
+
+
+def test_rows_skipped_by_on_bad_row_skip_are_counted_for_the_run(tmp_path):
+    from optladder.experiments.preflight import skipped_rows
+
+    path = tmp_path / "mine.jsonl"
+    path.write_text('{"id": "a", "prompt": "p", "references": ["r"]}\n{"id": "b", "prompt": "p"}\n{"nope": 1}\n')
+    assert skipped_rows(QualityConfig(name="jsonl", path=str(path), on_bad_row="skip")) == 2
+    assert skipped_rows(QualityConfig(name="builtin")) == 0

@@ -21,7 +21,8 @@ from optladder.experiments.levels import levels_markdown, run_levels
 from optladder.experiments.plots import plot_run
 from optladder.experiments.preflight import Prepared, prepare
 from optladder.experiments.report import results_markdown
-from optladder.experiments.run_views import effective_tags_params, kv_curves, run_name as default_run_name, run_tags
+from optladder.experiments.run_views import (dataset_inputs, effective_tags_params, kv_curves, run_name as default_run_name,
+                                             run_tags)
 from optladder.experiments.snapshot import build_snapshot, write_snapshot
 from optladder.experiments.tracking import Tracker, flatten
 from optladder.quality.prompts import prompts_digest
@@ -70,6 +71,9 @@ def run_experiment(cfg: DictConfig, run_dir: Path, overrides: list[str] | None =
     with Tracker(conf.tracking, run_name or default_run_name(conf, opts, tags), tags, parent_run_id,
                  run_dir) as tracker:
         tracker.log_params(flatten(resolved))
+        if tracker.enabled:  # the workload and the prompt set as MLflow dataset inputs, by file and digest
+            for dataset in dataset_inputs(conf, prepared):
+                tracker.log_dataset(**dataset)
         return _run(conf, run_dir, snapshot, tracker, opts, with_quality, prepared)
 
 
@@ -129,7 +133,8 @@ def _measure(conf, backend, run_dir: Path, snapshot: dict, tracker: Tracker, opt
         "run_id": tracker.run_id, "run_name": tracker.run_name, "run_dir": str(run_dir),
         "engine": conf.engine.name, "model": conf.model.name, "opts": opts, "opts_effective": effective,
         "metrics": metrics, "load_levels": levels,
-        "quality": {"set": conf.quality.name, "num_prompts": len(outputs), "bleu_signature": signature,
+        "quality": {"set": conf.quality.name if conf.quality.name != "jsonl" else Path(conf.quality.path).name,
+                    "path": conf.quality.path, "num_prompts": len(outputs), "bleu_signature": signature,
                     **{k: v for k, v in qmetrics.items()}},
         "workload": {"name": conf.workload.name, "num_requests": len(records), "mode": workload.mode,
                      "source": workload.source},
@@ -164,6 +169,7 @@ def _quality(conf, backend, run_dir: Path, prepared: Prepared, with_quality: boo
                   for k in ("bleu", "rouge1", "rouge2", "rougeL")}
     qmetrics = to_metrics(scores)
     qmetrics["quality/num_prompts"] = float(len(items))
+    qmetrics["quality/skipped_rows"] = float(prepared.quality_skipped)
     qmetrics["quality/max_new_tokens"] = float(prepared.max_new_tokens)
     qmetrics["quality/rejected"] = float(sum(len(p) >= conf.engine.max_model_len for p in prompts))
     qmetrics["quality/generate_s"] = time.perf_counter() - t0

@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from optladder.engine.loader import load_tokenizer, model_shape, resolve_device
@@ -16,6 +17,7 @@ from optladder.engine.validation import validate_engine
 from optladder.experiments.errors import as_user_error
 from optladder.quality.item import PromptItem
 from optladder.quality.prompts import load_prompt_set, resolve_max_new_tokens
+from optladder.quality.user_sets import read_user_set
 from optladder.traffic.load_levels import validate_levels
 from optladder.traffic.workload import Workload, build_workload
 
@@ -33,6 +35,7 @@ class Prepared:
     prompt_ids: list[list[int]]  # each prompt through the model's chat template
     max_new_tokens: int  # quality.max_new_tokens with `auto` resolved
     warnings: list[str] = field(default_factory=list)
+    quality_skipped: int = 0  # rows of a user's prompt set left out by quality.on_bad_row=skip
 
 
 def prepare(conf) -> Prepared:
@@ -47,6 +50,7 @@ def prepare(conf) -> Prepared:
                              f"{'|'.join(PROFILED_ENGINES)} with replay.driver=inprocess, not engine="
                              f"{conf.engine.name} with replay.driver={conf.replay.driver}")
         items = load_prompt_set(conf.quality, conf.data.root)  # first: it needs no tokenizer
+        skipped = skipped_rows(conf.quality)
         model_shape(conf.model)  # the model's files: config.json read (a packaged model converted once)
         tokenizer = load_tokenizer(conf.model)
         workload = build_workload(conf.workload, tokenizer, conf.engine.max_model_len, conf.data.root)
@@ -61,4 +65,12 @@ def prepare(conf) -> Prepared:
         log.warning(w)
     log.info("data checked in %.1f s: %d requests (%s), %d quality prompts, max_new_tokens %d",
              time.perf_counter() - t0, len(workload.requests), workload.source, len(items), max_new)
-    return Prepared(tokenizer, workload, items, prompt_ids, max_new, warnings)
+    return Prepared(tokenizer, workload, items, prompt_ids, max_new, warnings, skipped)
+
+
+def skipped_rows(quality) -> int:
+    """How many rows of a user's prompt set quality.on_bad_row=skip left out (0 for every other set or setting):
+    the set is read again, as load_prompt_set counts them without returning the count."""
+    if quality.name != "jsonl" or quality.on_bad_row != "skip":
+        return 0
+    return read_user_set(Path(quality.path).expanduser(), "skip")[1]

@@ -1,5 +1,6 @@
 """MLflow at the edge: one run per experiment, params from the flattened config, the metric names of
-docs/design.md, tags, and the run directory's files as artifacts. `enabled: false` keeps everything local.
+docs/design.md, tags, dataset inputs (the workload and the prompt set, by file and digest), and the run
+directory's files as artifacts. `enabled: false` keeps everything local.
 
 A store that cannot be reached when a run starts stops it before anything expensive (TrackingUnreachable,
 exit status 69). A store lost mid-run is reported once; the run goes on and keeps everything in its run
@@ -192,6 +193,23 @@ class Tracker:
 
     def set_tags(self, tags: dict[str, str]) -> None:
         self._call("set_tags", lambda: self.mlflow.set_tags(tags))
+
+    def log_dataset(self, name: str, source: str, digest: str, context: str) -> None:
+        """One dataset input of the run (MLflow's Datasets panel): `name`, read from the file `source`, `digest`
+        identifying exactly what was used (MLflow keeps 36 characters of it), `context` what for. Metadata only:
+        the file is not uploaded. A failure is logged and the run goes on with tracking on: a dataset record is
+        not worth a run, and a store that is really gone fails the next call."""
+        if not self.enabled:
+            return
+        try:
+            from mlflow.data.dataset_source_registry import resolve_dataset_source
+            from mlflow.data.meta_dataset import MetaDataset
+
+            dataset = MetaDataset(resolve_dataset_source(source), name=name, digest=digest[:36])
+            self.mlflow.log_input(dataset, context=context)
+        except Exception as e:  # noqa: BLE001 - whatever MLflow raises, the run's own results come first
+            raise_if_terminated(e)
+            log.warning("MLflow did not record the dataset input %s (%s); the run goes on", name, _reason(e))
 
     def log_artifacts(self, run_dir: Path) -> None:
         self._call("log_artifacts", lambda: self.mlflow.log_artifacts(str(run_dir)))
