@@ -29,6 +29,7 @@ from optladder.experiments import lifecycle, tracking
 from optladder.experiments.build import check_keys
 from optladder.experiments.errors import PREFIX, USER_ERROR_EXIT, UserError, as_user_error, one_line
 from optladder.experiments.schema import register
+from optladder.paths import conf_options
 
 register()
 log = logging.getLogger("optladder")
@@ -209,8 +210,7 @@ TOOLS = {
 
 def _group(group: str, args: list[str]) -> list[str]:
     if not args or args[0].startswith(("-", "+")) or "=" in args[0]:
-        choices = sorted(p.stem for p in (Path(__file__).parent / "conf" / group).glob("*.yaml"))
-        print(f"{PREFIX}optladder {group} needs a NAME first, one of {choices}", file=sys.stderr)
+        print(f"{PREFIX}optladder {group} needs a NAME first, one of {conf_options(group)}", file=sys.stderr)
         sys.exit(USER_ERROR_EXIT)
     return [f"+{group}={args[0]}", *args[1:]]
 

@@ -17,6 +17,11 @@ def _checkout() -> Path | None:
     return parent if (parent / "pyproject.toml").is_file() and (parent / "run.py").is_file() else None
 
 
+def conf_options(group: str) -> list[str]:
+    """The options of a config group: the names of optladder/conf/<group>/*.yaml."""
+    return sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml"))
+
+
 CHECKOUT = _checkout()
 PROJECT_ROOT = Path(os.environ["OPTLADDER_HOME"]).resolve() if os.environ.get("OPTLADDER_HOME") \
     else CHECKOUT or Path.cwd()

@@ -21,19 +21,15 @@ from omegaconf import OmegaConf
 
 from optladder.engine.config import EngineConfig, ModelConfig
 from optladder.engine.llm_engine import LLMEngine
-from optladder.engine.loader import model_shape
+from optladder.engine.loader import model_shape, resolve_device
 from optladder.engine.sequence import SamplingParams
 from optladder.engine.validation import validate_engine
-from optladder.paths import CONF_DIR
-
-
-def _names(group: str) -> list[str]:
-    return sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml"))
+from optladder.paths import CONF_DIR, conf_options
 
 
 def model_config(name: str) -> ModelConfig:
-    if name not in _names("model"):
-        raise ValueError(f"--model {name!r} is not one of {_names('model')}")
+    if name not in conf_options("model"):
+        raise ValueError(f"--model {name!r} is not one of {conf_options('model')}")
     return ModelConfig(**OmegaConf.to_container(OmegaConf.load(CONF_DIR / "model" / f"{name}.yaml")))
 
 
@@ -41,8 +37,8 @@ def engine_config(opts: list[str], base: dict) -> EngineConfig:
     """EngineConfig with each conf/opt file's engine fields on top of base (what +opt=X does to engine.*)."""
     cfg = OmegaConf.merge(OmegaConf.structured(EngineConfig), base)
     for opt in opts:
-        if opt not in _names("opt"):
-            raise ValueError(f"--opt {opt!r} is not one of {_names('opt')}")
+        if opt not in conf_options("opt"):
+            raise ValueError(f"--opt {opt!r} is not one of {conf_options('opt')}")
         cfg = OmegaConf.merge(cfg, OmegaConf.load(CONF_DIR / "opt" / f"{opt}.yaml"))
     return OmegaConf.to_object(cfg)
 
@@ -73,7 +69,7 @@ def measure(engine: LLMEngine, batch: int, prompt_len: int, tokens: int, vocab: 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="optladder bench latency", description=__doc__.split("\n\n")[0])
-    p.add_argument("--model", default="tiny", help=f"one of {_names('model')}")
+    p.add_argument("--model", default="tiny", help=f"one of {conf_options('model')}")
     p.add_argument("--opt", action="append", default=[], help="the candidate's opts (repeatable); none: baseline only")
     p.add_argument("--base-opt", action="append", default=[], help="opts both configurations have (repeatable)")
     p.add_argument("--batch", type=int, nargs="+", default=[1, 8])
@@ -98,14 +94,14 @@ def main(argv: list[str] | None = None) -> int:
         configs = {"baseline": engine_config(args.base_opt, base)}
         if args.opt:
             configs["+" + ",".join(args.opt)] = engine_config([*args.base_opt, *args.opt], base)
-        engines = {}
-        for label, cfg in configs.items():  # refused before any model loads
-            validate_engine(cfg, "cuda" if args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available())
-                            else "cpu")
+        device = resolve_device(args.device)
+        for cfg in configs.values():  # refused before any model loads
+            validate_engine(cfg, device.type)
     except ValueError as e:
         raise SystemExit(f"optladder: error: {e}") from None
     vocab = model_shape(model).vocab_size
     timings = {label: Timings() for label in configs}
+    engines: dict[str, LLMEngine] = {}
     for label, cfg in configs.items():
         engines[label] = LLMEngine(model, cfg)
         measure(engines[label], min(args.batch), args.prompt_len, 4, vocab, seed=99)  # warm-up, not timed
@@ -117,13 +113,12 @@ def main(argv: list[str] | None = None) -> int:
                     measure(engines[label], b, args.prompt_len, args.tokens, vocab, seed=r))
     for label, engine in engines.items():
         timings[label].peak_gb = engine.memory_metrics()["perf/peak_mem_gb"]
-    print(report(args, timings))
+    print(report(args, timings, torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"))
     return 0
 
 
-def report(args: argparse.Namespace, timings: dict[str, Timings]) -> str:
+def report(args: argparse.Namespace, timings: dict[str, Timings], dev: str) -> str:
     labels = list(timings)
-    dev = torch.cuda.get_device_name() if torch.cuda.is_available() and args.device != "cpu" else "CPU"
     lines = [f"decode step, model {args.model}, prompt {args.prompt_len} tokens, {args.tokens} generated, "
              f"median of {args.repeats} alternating repeats; {dev}, torch {torch.__version__}", "",
              "| batch | " + " | ".join(f"{x} ms/step" for x in labels) + " | " +
