@@ -16,6 +16,8 @@ CONTRACT = ({f"perf/{m}_ms_{s}" for m in ("ttft", "tpot", "itl", "e2e") for s in
                "quality/rougeL_vs_ref", "quality/bleu_vs_control", "quality/rougeL_vs_control",
                "quality/exact_match_vs_control", "quality/kl_vs_control_mean", "quality/kl_vs_control_p99",
                "quality/top1_agree_vs_control", "quality/ppl_ref_rel_change"})
+# the near-tie lossless check's counts (optladder/quality/near_tie.py)
+CONTRACT |= {f"quality/near_tie_{m}" for m in ("equal", "diverged", "not_near", "worst_margin", "max_drift")}
 
 
 def test_the_metric_names_are_the_contract():
@@ -101,7 +103,7 @@ def test_from_dict_converts_numbers_and_refuses_what_it_cannot():
     assert cfg.control_agreement_min == {"quality/bleu_vs_control": 90.0}
     assert GateConfig.from_dict(None) == GateConfig()
     with pytest.raises(ValueError, match=re.escape("unknown gate key(s) 'alfa', 'nboot'; valid: quality_margins_rel, "
-                                                   "min_exact_match_lossless, lossless_check, environment_check, "
+                                                   "min_exact_match_lossless, lossless_check, near_tie_top_k, near_tie_margin, environment_check, "
                                                    "control_agreement_min")):
         GateConfig.from_dict({"alfa": 0.1, "nboot": 5})
     with pytest.raises(ValueError, match=re.escape("gate.latency_gains must be a mapping of metric -> number, got [1]")):

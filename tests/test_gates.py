@@ -292,7 +292,7 @@ def test_a_lossless_candidate_in_half_precision_is_decided_teacher_forced() -> N
 
 
 def test_lossless_check_is_validated_naming_the_valid_values() -> None:
-    with pytest.raises(ValueError, match="gate.lossless_check='teacher' is not one of auto, exact, teacher_forced"):
+    with pytest.raises(ValueError, match="gate.lossless_check=.teacher. is not one of auto, near_tie, exact, teacher_forced"):
         GateConfig(lossless_check="teacher")
 
 

@@ -25,9 +25,9 @@ def test_leaves_flatten_nested_dicts_and_keep_lists_and_empty_dicts():
 
 
 def test_lossless_opts_and_scheduling_knobs_keep_a_candidate_lossless():
-    assert arms_lossless(BASE, BASE) == (True, "lossless: differs only in nothing")
+    assert arms_lossless(BASE, BASE) == (True, "lossless: the arms' configs are identical")
     assert arms_lossless(BASE, with_(engine__paged_kv=True, engine__batch_size=4)) == (
-        True, "lossless: differs only in engine.batch_size, engine.paged_kv")
+        True, "lossless: the arms differ only in engine.batch_size, engine.paged_kv")
 
 
 def test_the_piecewise_cap_is_a_scheduling_knob_even_against_a_control_recorded_before_it_existed():
@@ -39,7 +39,7 @@ def test_the_piecewise_cap_is_a_scheduling_knob_even_against_a_control_recorded_
 
 def test_tracking_progress_and_the_arm_selection_do_not_count():
     cand = with_(tracking__uri="b", replay__progress=False, ab={"name": "x"})
-    assert arms_lossless(BASE, cand) == (True, "lossless: differs only in nothing")
+    assert arms_lossless(BASE, cand) == (True, "lossless: the arms' configs are identical")
 
 
 def test_any_other_difference_is_lossy_and_named_with_both_values():
@@ -57,10 +57,10 @@ def test_any_other_difference_is_lossy_and_named_with_both_values():
 def test_auto_checks_half_precision_teacher_forced_and_float32_exactly():
     from optladder.abtest.lossless import lossless_check
 
-    assert lossless_check("auto", ("float32", "float32"))[0] == "exact"
-    check, why = lossless_check("auto", ("bfloat16", "bfloat16"))
+    assert lossless_check("auto", ("float32", "float32"), "no traces")[0] == "exact"
+    check, why = lossless_check("auto", ("bfloat16", "bfloat16"), "no traces")
     assert check == "teacher_forced" and "bfloat16" in why
-    assert lossless_check("auto", ("float32", "float16"))[0] == "teacher_forced"
+    assert lossless_check("auto", ("float32", "float16"), "no traces")[0] == "teacher_forced"
     assert lossless_check("exact", ("bfloat16", "bfloat16"))[0] == "exact"
     assert lossless_check("teacher_forced", ("float32", "float32"))[0] == "teacher_forced"
 

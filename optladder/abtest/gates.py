@@ -24,6 +24,7 @@ def _metric_names() -> frozenset[str]:
     names |= {"traffic/ks_input_len", "traffic/ks_output_len"}
     names |= {f"quality/{m}_vs_ref" for m in ("bleu", "rouge1", "rouge2", "rougeL")}
     names |= {f"quality/{m}_vs_control" for m in ("bleu", "rougeL", "exact_match")}
+    names |= {f"quality/near_tie_{m}" for m in ("equal", "diverged", "not_near", "worst_margin", "max_drift")}
     names |= {"quality/kl_vs_control_mean", "quality/kl_vs_control_p99", "quality/top1_agree_vs_control",
               "quality/ppl_ref_rel_change"}  # teacher-forced, lossy candidates (optladder/abtest/teacher_forced.py)
     return frozenset(names)
@@ -68,7 +69,8 @@ def _default_agreement() -> dict[str, float]:
     return {"quality/bleu_vs_control": 100.0 * (1 - 0.003), "quality/rougeL_vs_control": 1 - 0.005}
 
 
-LOSSLESS_CHECKS = ("auto", "exact", "teacher_forced")
+LOSSLESS_CHECKS = ("auto", "near_tie", "exact", "teacher_forced")
+NEAR_TIE_TOP_K_MAX = 5  # what each run records per answer token (optladder/experiments/experiment.py TRACE_TOP_K)
 
 
 @dataclass
@@ -78,7 +80,11 @@ class GateConfig:
     quality_margins_rel: non-inferiority, candidate >= control * (1 - margin), per *_vs_ref metric.
     min_exact_match_lossless: for a lossless candidate, the fraction of prompts whose output must
         equal the control's (quality/exact_match_vs_control).
-    lossless_check: how a lossless candidate's quality is checked. exact: its greedy answers must be the
+    lossless_check: how a lossless candidate's quality is checked. near_tie: where its greedy answer parts from
+        the control's, the token each arm chose must be within the other arm's top near_tie_top_k there and within
+        near_tie_margin nats of its top token (optladder/quality/near_tie.py); an engine that records no
+        log-probs makes it inconclusive. auto: near_tie where both arms recorded them, else teacher_forced in
+        half precision and exact in float32. exact: its greedy answers must be the
         control's (min_exact_match_lossless, control_agreement_min). teacher_forced: on the teacher-forced
         gates, as a lossy candidate (its text gates reported), because in half precision a change of
         kernel or of batch composition changes the rounding, a near-tie flips one greedy token and the rest
@@ -111,6 +117,8 @@ class GateConfig:
     quality_margins_rel: dict[str, float] = field(default_factory=_default_quality_margins)
     min_exact_match_lossless: float = 0.99
     lossless_check: str = "auto"
+    near_tie_top_k: int = 5
+    near_tie_margin: float = 1.0
     environment_check: str = "latency"
     control_agreement_min: dict[str, float] = field(default_factory=_default_agreement)
     latency_gains: dict[str, float] = field(default_factory=dict)
@@ -160,6 +168,10 @@ class GateConfig:
             raise ValueError(f"gate.lossless_check={self.lossless_check!r} is not one of "
                              f"{', '.join(LOSSLESS_CHECKS)}")
         check_mode(self.environment_check)
+        if not (isinstance(self.near_tie_top_k, int) and 1 <= self.near_tie_top_k <= NEAR_TIE_TOP_K_MAX):
+            raise ValueError(f"gate.near_tie_top_k must be an integer in [1, {NEAR_TIE_TOP_K_MAX}] (the log-probs a "
+                             f"run records per answer token), got {self.near_tie_top_k!r}")
+        _check_range("gate.near_tie_margin", self.near_tie_margin, 0.0, 100.0)
         for name, floor in self.control_agreement_min.items():
             if not validate_metric(name).endswith("_vs_control") or name.endswith("exact_match_vs_control"):
                 raise ValueError(f"gate.control_agreement_min: {name!r} is not an agreement score; valid: "

@@ -13,7 +13,8 @@ from optladder.engine.opts import OPTS
 SCHEDULING = {"engine.batch_size", "engine.batch_timeout_ms", "engine.max_num_seqs", "engine.max_num_batched_tokens",
               "engine.block_size", "engine.kv_cache_gb", "engine.kv_cache_memory_fraction",
               "engine.piecewise_max_tokens",  # which steps replay piecewise_graphs' pieces, not what they compute
-              "faults.step_slowdown"}  # a test-only delay after each step: later tokens, the same ones
+              "faults.step_slowdown",  # a test-only delay after each step: later tokens, the same ones
+              "engine.debug_plant"}  # a test-only bug planted in a lossless switch: the check must catch it
 IGNORED = ("tracking.", "replay.progress", "ab.", "ladder.")
 _MISSING = object()
 
@@ -43,7 +44,9 @@ def arms_lossless(control: dict[str, Any], candidate: dict[str, Any]) -> tuple[b
              and not k.startswith(tuple(f + "." for f in lossless_fields))]
     if lossy:
         return False, f"lossy: {', '.join(f'{k}={a.get(k)}->{b.get(k)}' for k in lossy)}"
-    return True, f"lossless: differs only in {', '.join(diff) or 'nothing'}"
+    if not diff:
+        return True, "lossless: the arms' configs are identical"
+    return True, f"lossless: the arms differ only in {', '.join(diff)}"
 
 
 HALF = ("bfloat16", "float16")
@@ -57,16 +60,21 @@ def teacher_forcing_covers(control: dict[str, Any], candidate: dict[str, Any]) -
     return set(differences(leaves(control), leaves(candidate))) <= SCORED
 
 
-def lossless_check(mode: str, dtypes: tuple[str, str]) -> tuple[str, str]:
-    """How a lossless candidate is checked (gate.lossless_check) given the arms' resolved dtypes:
-    ("exact" | "teacher_forced", why)."""
+def lossless_check(mode: str, dtypes: tuple[str, str], no_traces: str | None = None) -> tuple[str, str]:
+    """How a lossless candidate is checked (gate.lossless_check) given the arms' resolved dtypes and, where an arm
+    recorded no log-probs of its answers, why (no_traces): ("near_tie" | "exact" | "teacher_forced", why). auto:
+    near_tie wherever both arms recorded their answers' top-k log-probs (any dtype: in float32 too a kernel can
+    flip an exact tie), else as before: teacher_forced in half precision, exact in float32."""
     if mode != "auto":
         return mode, f"gate.lossless_check={mode}"
+    if no_traces is None:
+        return "near_tie", "each fork of the greedy answers judged by both arms' top-k log-probs there"
     half = [d for d in dtypes if d in HALF]
     if half:
-        return "teacher_forced", (f"{half[0]} rounds differently with the kernel and the batch: greedy answers "
-                                  f"diverge after a near-tie, so they are compared teacher-forced")
-    return "exact", f"{dtypes[0]}: the control's exact answers"
+        return "teacher_forced", (f"no near-tie check ({no_traces}); {half[0]} rounds differently with the kernel "
+                                  f"and the batch: greedy answers diverge after a near-tie, so they are compared "
+                                  f"teacher-forced")
+    return "exact", f"no near-tie check ({no_traces}); {dtypes[0]}: the control's exact answers"
 
 
 def opts_in_effect_differ(control: dict[str, Any], candidate: dict[str, Any], control_effective: dict[str, dict],

@@ -20,6 +20,7 @@ from optladder.abtest.gates import PAIRED_LATENCY, GateConfig, higher_is_better
 from optladder.abtest.run_pairs import _stat, align_runs, pair_interval, run_noise_from_aa
 from optladder.abtest.stats import Interval, bootstrap_mean_delta
 from optladder.abtest.teacher_forced import teacher_forced_checks
+from optladder.quality.near_tie import NearTieReport
 from optladder.quality.teacher_forced import TeacherForcedScores
 from optladder.traffic.request import RequestRecord
 
@@ -240,6 +241,37 @@ def _exact_match_gate(candidate: ArmResult, minimum: float) -> GateResult:
                       f"the control's, required {minimum:.2%} -> {status}", None, k)
 
 
+NEAR_TIE = "quality/near_tie_not_near"
+
+
+def _near_tie_gate(report: NearTieReport | None) -> GateResult:
+    """A lossless candidate's forks (optladder/quality/near_tie.py): pass when every one is a near-tie, fail naming
+    the prompts and positions of those that are not; inconclusive when no check could be made."""
+    if report is None or report.unavailable:
+        why = report.unavailable if report is not None else "no near-tie report was made"
+        return GateResult("near_tie", NEAR_TIE, "inconclusive", f"the lossless check could not be made: {why}",
+                          None, None)
+    if report.diverged:
+        head = (f"{report.equal} of {report.prompts} answers equal the control's and {report.diverged} part from it, "
+                f"{report.near_ties} of those at a near-tie (within the other arm's top {report.top_k} and "
+                f"{report.margin:g} nats of its top token)")
+    else:
+        head = f"all {report.equal} of {report.prompts} answers equal the control's"
+    worst = report.worst_margin
+    worst_s = f"{worst:.3f} nats" if math.isfinite(worst) else "outside the top-k"
+    bad = report.offenders
+    if bad:
+        shown = "; ".join(f.describe() for f in bad[:5]) + (f"; and {len(bad) - 5} more" if len(bad) > 5 else "")
+        return GateResult("near_tie", NEAR_TIE, "fail", f"{head}; {len(bad)} not a near-tie, so the switch changed "
+                          f"what the model computes: {shown} -> fail", 0.0, float(len(bad)))
+    if report.skipped:
+        return GateResult("near_tie", NEAR_TIE, "inconclusive", f"{head}; but {len(report.skipped)} prompt(s) were "
+                          f"answered by one arm only ({', '.join(report.skipped[:5])})", 0.0, 0.0)
+    fork = f"; the widest fork's margin is {worst_s}" if report.diverged else ""
+    return GateResult("near_tie", NEAR_TIE, "pass", f"{head}{fork}; a chosen token's log-prob drifts by at most "
+                      f"{report.max_drift:.3f} nats between the arms before any fork -> pass", 0.0, 0.0)
+
+
 def _agreement_gate(metric: str, floor: float, candidate: ArmResult) -> GateResult:
     k = candidate.value(metric)
     if k is None:
@@ -323,13 +355,15 @@ def _environment_gate(control: ArmResult, candidate: ArmResult, mode: str,
 
 def decide(control: ArmResult, candidate: ArmResult, gate: GateConfig,
            candidate_lossless: bool, lossless_check: str = "exact", random_weights: bool = False,
-           tf_covers: bool = True) -> Verdict:
+           tf_covers: bool = True, near_tie: NearTieReport | None = None) -> Verdict:
     """Apply every gate; see the module docstring for how they combine. A lossy candidate, and a lossless one
     whose check is teacher_forced (gate.lossless_check, optladder/abtest/lossless.py), is judged on the teacher-forced
     gates where they are set and were measured; its text gates are then reported. For a lossless candidate:
     random_weights (both arms): of those, the KL gates decide, top-1 agreement and perplexity are reported;
     tf_covers False (it differs in a switch the teacher-forced pass does not run, optladder/abtest/lossless.py): its exact
-    match still decides, a failed one counting as inconclusive; scores not measured: its exact match decides."""
+    match still decides, a failed one counting as inconclusive; scores not measured: its exact match decides.
+    lossless_check near_tie: the near-tie gate over `near_tie` decides (inconclusive without one), its exact match
+    and agreement are reported, and a non-inferiority check against the references decides only by failing."""
     check_same_traffic(control, candidate)
     quality = [_quality_gate(m, margin, control, candidate, gate) for m, margin in gate.quality_margins_rel.items()]
     agreement = [_agreement_gate(m, floor, candidate) for m, floor in gate.control_agreement_min.items()]
@@ -337,6 +371,13 @@ def decide(control: ArmResult, candidate: ArmResult, gate: GateConfig,
     tf = _teacher_forced_gates(candidate, gate, random_weights and candidate_lossless) if forced else []
     tf_measured = candidate.teacher_forced is not None and not candidate.teacher_forced.unavailable
     exact = [_exact_match_gate(candidate, gate.min_exact_match_lossless)] if candidate_lossless else []
+    tie = []
+    if candidate_lossless and lossless_check == "near_tie":
+        tie = [_near_tie_gate(near_tie)]
+        why = "a lossless candidate is decided by where its answers part from the control's (gate.lossless_check)"
+        _reported(exact, f"{why}; a rounding change flips near-ties and the answer after them")
+        _reported(agreement, f"{why}; a rounding change rewrites the answer after a flipped near-tie")
+        _reported(quality, f"{why}; a non-inferiority check decides only by failing", unless_failed=True)
     if tf and candidate_lossless and not tf_measured:  # nothing finer measured: the exact match decides, as in float32
         _reported(tf, "a lossless candidate whose teacher-forced scores are missing is decided by its exact match")
     elif tf and tf_measured:
@@ -354,7 +395,7 @@ def decide(control: ArmResult, candidate: ArmResult, gate: GateConfig,
         _reported(quality, f"{why}; a non-inferiority check decides only by failing", unless_failed=True)
         _reported(agreement, f"{why}; a lossy change rewrites some answers" if not candidate_lossless
                   else f"{why}; a rounding change rewrites some answers")
-    results = quality + exact + agreement
+    results = quality + tie + exact + agreement
     results += [_relative_gate("latency_gain", m, -gain, control, candidate, gate)
                 for m, gain in gate.latency_gains.items()]
     results += [_relative_gate("latency_max_regression", m, reg, control, candidate, gate)

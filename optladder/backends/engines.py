@@ -96,6 +96,23 @@ class ReferenceBackend:
             outputs[i] = seq.output_text
         return outputs
 
+    def generate_traced(self, prompts, max_new_tokens, top_k, progress=True):
+        """(outputs, traces, None): as generate, and per prompt a GreedyTrace (optladder/quality/near_tie.py), the
+        top_k log-probs recorded at every output position by the decode path itself (its batches, chunks, graphs and
+        drafts); None where a prompt left no room to answer. The third item, why no traces, is None here."""
+        from optladder.quality.near_tie import GreedyTrace
+
+        outputs, traces = [""] * len(prompts), [None] * len(prompts)
+        room = [min(max_new_tokens, self.max_model_len - len(p)) for p in prompts]
+        keep = [i for i, r in enumerate(room) if r >= 1]
+        params = [SamplingParams(temperature=0.0, max_tokens=room[i], ignore_eos=False, logprobs=top_k) for i in keep]
+        with tqdm(total=len(keep), desc="quality", unit="prompt", disable=not progress) as bar:
+            seqs = self.engine.generate([prompts[i] for i in keep], params, progress=bar)
+        for i, seq in zip(keep, seqs):
+            outputs[i] = seq.output_text
+            traces[i] = GreedyTrace(list(seq.output_token_ids), [list(zip(a, b)) for a, b in seq.top_logprobs])
+        return outputs, traces, None
+
     def metrics(self):
         return {**self.engine.memory_metrics(), **self.engine.stage_metrics()}
 
@@ -148,6 +165,22 @@ class HFBackend:
     def generate(self, prompts, max_new_tokens, progress=True):
         with tqdm(total=len(prompts), desc="quality", unit="prompt", disable=not progress) as bar:
             return self.engine.generate(prompts, max_new_tokens, progress=bar)
+
+    def generate_traced(self, prompts, max_new_tokens, top_k, progress=True):
+        """As generate, with a GreedyTrace per prompt. transformers' batched generate gives no per-step scores in
+        continuous batching, so the top-k here come from a teacher-forced pass of this model over its own answer
+        (one forward a prompt): the tokens are the decode path's, the distributions an unbatched forward's."""
+        from optladder.quality.near_tie import GreedyTrace
+
+        with tqdm(total=len(prompts), desc="quality", unit="prompt", disable=not progress) as bar:
+            texts, tokens = self.engine.generate(prompts, max_new_tokens, progress=bar, with_tokens=True)
+        traces = [None] * len(prompts)
+        idx = [i for i, t in enumerate(tokens) if t]
+        scored = self.engine.score([list(prompts[i]) + tokens[i] for i in idx], [len(prompts[i]) for i in idx])
+        for i, lp in zip(idx, scored):
+            top = TokenLogprobs.from_full(lp, tokens[i]).topk(min(top_k, lp.shape[-1]))
+            traces[i] = GreedyTrace(tokens[i], [list(zip(a.tolist(), b.tolist())) for a, b in zip(*top)])
+        return texts, traces, None
 
     def metrics(self):
         return self.engine.memory_metrics()
@@ -204,6 +237,14 @@ class _HttpBackend:
 
     def generate(self, prompts, max_new_tokens, progress=True):
         return self.server.generate(prompts, max_new_tokens, concurrency=self.concurrency, progress=progress)
+
+    def generate_traced(self, prompts, max_new_tokens, top_k, progress=True):
+        """As generate, with the server's own top-k log-probs of every answer token (`logprobs` of /v1/completions;
+        vLLM gives token ids, any other server token strings); traces all None, and why, where it offers none."""
+        from optladder.backends.completions import greedy_traced
+
+        return greedy_traced(self.server.url, self.server.model, prompts, max_new_tokens, self.server.max_model_len,
+                             top_k, self.concurrency, self.api_key, progress=progress)
 
     def metrics(self):
         return dict(self._metrics)

@@ -144,20 +144,24 @@ class HFEngine:
         return self.runner.next_deadline()
 
     # --- offline ---
-    def generate(self, prompts: list[list[int]], max_new_tokens: int, progress=None) -> list[str]:
-        """Greedy to EOS; a prompt with no room left in max_model_len gets ''. Outputs in prompt order."""
+    def generate(self, prompts: list[list[int]], max_new_tokens: int, progress=None, with_tokens: bool = False):
+        """Greedy to EOS; a prompt with no room left in max_model_len gets ''. Outputs in prompt order; with_tokens:
+        (outputs, each answer's token ids, [] where there was no room)."""
         texts = [""] * len(prompts)
+        tokens: list[list[int]] = [[] for _ in prompts]
         for i, p in enumerate(prompts):
             room = min(max_new_tokens, self.cfg.max_model_len - len(p))
             if room >= 1:
                 self.add_request(f"gen-{i}", p, SamplingParams(temperature=0.0, max_tokens=room, ignore_eos=False), 0.0)
         while self.has_unfinished():
             for ev in self.step():
+                i = int(ev.request_id.split("-")[1])
+                tokens[i].append(ev.token_id)
                 if ev.finished:
-                    texts[int(ev.request_id.split("-")[1])] = ev.text
+                    texts[i] = ev.text
                     if progress is not None:
                         progress.update(1)
-        return texts
+        return (texts, tokens) if with_tokens else texts
 
     @torch.inference_mode()
     def score(self, token_ids_list: list[list[int]], starts: list[int]) -> list:

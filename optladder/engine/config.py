@@ -13,6 +13,11 @@ ENGINES = ("reference", "vllm", "hf", "openai")
 SPEC_METHODS = ("none", "ngram", "draft_layers")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 DEVICES = ("auto", "cpu", "cuda")
+# Bugs planted on purpose in the reference engine (engine.debug_plant), to show that the lossless check catches
+# what a broken switch would do (tests/test_planted_bugs.py): a KV block read off by one for the second sequence
+# of a batch; the rotary position off by one in every prompt chunk after the first; a decode step that writes
+# its token's K/V into the previous position's slot (every 7th position), so that position's slot stays stale.
+PLANTS = ("kv_block_off_by_one", "rope_off_by_one_chunk", "stale_kv_slot")
 
 
 @dataclass
@@ -144,3 +149,5 @@ class EngineConfig:
     speculative: SpeculativeConfig = field(default_factory=SpeculativeConfig)
     # engines reached over HTTP
     server: ServerConfig = field(default_factory=ServerConfig)
+    # test-only: a bug planted in the reference engine (one of PLANTS), null in any real run
+    debug_plant: Optional[str] = None

@@ -91,7 +91,7 @@ class LLMEngine:
             graph_max_batch=max(cfg.batch_size, cfg.max_num_seqs) if cfg.cuda_graphs else None,
             max_model_len=cfg.max_model_len,
             piecewise_max_tokens=min(cfg.max_num_batched_tokens, cfg.piecewise_max_tokens) if cfg.piecewise_graphs
-            else None)
+            else None, plant=cfg.debug_plant)
         eos = self.tokenizer.eos_token_id
         self.scheduler = Scheduler(cfg, self.block_manager, tuple(eos if isinstance(eos, list) else [eos]),
                                    speculative=spec if spec else None)
@@ -185,9 +185,14 @@ class LLMEngine:
             token_ids = self.detokenizer.to_host(self.runner.sample(logits, sampled, drafts))
             if self.speculator is not None:
                 token_ids = self.speculator.accept(drafts, token_ids)
+            top = top_logprobs(logits, sampled, drafts)
         now = time.monotonic()
         before = [len(s) for s in sampled]
         finished = {s.seq_id for s in self.scheduler.postprocess(batch, token_ids)}
+        if top is not None:  # each token appended this step keeps the distribution it was chosen from
+            for seq, n, rows in zip(sampled, before, top):
+                if rows is not None:
+                    seq.top_logprobs += rows[:len(seq) - n]
         with t.time("detokenize"):
             texts = self.detokenizer.update(sampled)
         events = []
@@ -301,3 +306,25 @@ class LLMEngine:
                        "decode_attention": runner.attention_backend},
             "speculative": self.speculator.evidence() if self.speculator is not None else {"on": False},
         }
+
+
+def top_logprobs(logits: torch.Tensor, seqs: list[Sequence],
+                 drafts: list[list[int]] | None) -> list[list[tuple[list[int], list[float]]] | None] | None:
+    """For each sampled sequence that asked for logprobs (SamplingParams.logprobs = k), its rows' top-k (ids,
+    log-probs), one row per token it may append this step (its newest token's, then one per draft); None for
+    the others, and None in all when none asked (the common case: one pass over the batch, nothing computed)."""
+    if not any(s.params.logprobs for s in seqs):
+        return None
+    out: list = []
+    row = 0
+    for i, seq in enumerate(seqs):
+        n = 1 + (len(drafts[i]) if drafts else 0)
+        k = seq.params.logprobs
+        if k:
+            lp = torch.log_softmax(logits[row:row + n].float(), dim=-1)
+            vals, ids = torch.topk(lp, min(k, lp.shape[-1]), dim=-1)
+            out.append([(a, b) for a, b in zip(ids.tolist(), vals.tolist())])
+        else:
+            out.append(None)
+        row += n
+    return out

@@ -39,11 +39,12 @@ def kv_bytes_per_token(model: LlamaModel | LlamaShape, dtype: torch.dtype) -> in
 class ModelRunner:
     def __init__(self, model: LlamaModel, device: torch.device, dtype: torch.dtype, layout: KVLayout, attn,
                  kernels: DecodeKernels = DecodeKernels(), graph_max_batch: int | None = None,
-                 max_model_len: int = 2048, piecewise_max_tokens: int | None = None):
+                 max_model_len: int = 2048, piecewise_max_tokens: int | None = None, plant: str | None = None):
         """graph_max_batch: capture decode steps in CUDA graphs up to this batch (None: no graphs);
         piecewise_max_tokens: and steps with prompt tokens piecewise, up to this many tokens (optladder/engine/piecewise.py;
-        None: eagerly)."""
+        None: eagerly). plant: a bug planted on purpose (engine.debug_plant, optladder/engine/config.py PLANTS)."""
         self.model, self.device, self.dtype = model, device, dtype
+        self.plant, self.num_blocks = plant, layout.num_blocks
         self.block_size = layout.block_size
         # the widest block table a sequence can have: max_model_len's blocks (drafts' slots stay within it), + slack
         self.table_capacity = -(-max_model_len // layout.block_size) + 8
@@ -118,7 +119,12 @@ class ModelRunner:
         return buf
 
     def _block_tables(self, seqs: list[Sequence]) -> torch.Tensor:
-        return self._table_rows(seqs).to(self.device)
+        rows = self._table_rows(seqs)
+        if self.plant == "kv_block_off_by_one" and len(seqs) > 1:  # planted: the second row reads its next block
+            rows = rows.clone()
+            n = len(seqs[1].block_table)
+            rows[1, :n] = (rows[1, :n] + 1) % self.num_blocks
+        return rows.to(self.device)
 
     def _slots(self, seq: Sequence, start: int, end: int) -> list[int]:
         """The cache slots of seq's positions [start, end): numpy for a long run, plain Python for a few
@@ -139,7 +145,9 @@ class ModelRunner:
         for seq, n, drafts, sample in zip(batch.seqs, batch.num_new_tokens, batch.drafts, batch.samples):
             start, q = seq.num_computed_tokens, n + len(drafts)
             ids += seq.token_ids[start:start + n] + drafts
-            pos += range(start, start + q)
+            # planted: a prompt chunk after the first is rotated one position on
+            shift = int(self.plant == "rope_off_by_one_chunk" and 0 < start < seq.num_prompt_tokens)
+            pos += range(start + shift, start + q + shift)
             slots += self._slots(seq, start, start + q)
             q_lens.append(q)
             ctx_lens.append(start + q)
@@ -166,7 +174,8 @@ class ModelRunner:
             p = len(s) - 1
             ids.append(s.token_ids[-1])
             pos.append(p)
-            slots.append(s.block_table[p // bs] * bs + p % bs)
+            w = p - 1 if self.plant == "stale_kv_slot" and p % 7 == 3 else p  # planted: the previous slot
+            slots.append(s.block_table[w // bs] * bs + w % bs)
             ctx.append(p + 1)
         return ids, pos, slots, ctx
 

@@ -21,8 +21,11 @@ class SamplingParams:
     max_tokens: int = 16
     ignore_eos: bool = True  # True: exactly max_tokens tokens
     seed: Optional[int] = None
+    logprobs: int = 0  # > 0: record the top-`logprobs` log-probs at every output position (Sequence.top_logprobs)
 
     def __post_init__(self) -> None:
+        if self.logprobs < 0:
+            raise ValueError(f"logprobs must be >= 0, got {self.logprobs}")
         if self.max_tokens < 1:
             raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
         if self.temperature < 0:
@@ -54,6 +57,8 @@ class Sequence:
         self.prefix_offset = max(self.num_prompt_tokens - 5, 0)
         self.read_offset = self.num_prompt_tokens
         self.output_text = ""
+        # with params.logprobs: per output token, (top ids, their log-probs) of the distribution it was chosen from
+        self.top_logprobs: list[tuple[list[int], list[float]]] = []
 
     def __len__(self) -> int:
         return len(self.token_ids)

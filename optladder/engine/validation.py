@@ -1,7 +1,7 @@
 """Refuse, before anything loads, an engine setting that cannot run, naming the field and the fix."""
 from __future__ import annotations
 
-from optladder.engine.config import DEVICES, DTYPES, ENGINES, EngineConfig
+from optladder.engine.config import DEVICES, DTYPES, ENGINES, PLANTS, EngineConfig
 from optladder.engine.opts import OPTS, enabled_opts
 
 
@@ -10,6 +10,11 @@ def validate_engine(cfg: EngineConfig, device_type: str) -> None:
     _one_of("engine.name", cfg.name, ENGINES)
     _one_of("engine.dtype", cfg.dtype, DTYPES)
     _one_of("engine.device", cfg.device, DEVICES)
+    if cfg.debug_plant is not None:
+        _one_of("engine.debug_plant", cfg.debug_plant, PLANTS)
+        if cfg.name != "reference":
+            raise ValueError(f"engine.debug_plant={cfg.debug_plant!r} plants a bug in the reference engine only, "
+                             f"not engine={cfg.name}; drop it")
     for name in ("max_model_len", "batch_size", "max_num_seqs", "max_num_batched_tokens", "block_size",
                  "piecewise_max_tokens"):
         if getattr(cfg, name) < 1:

@@ -152,11 +152,14 @@ def gate_pair(control: Arm, candidate: Arm, gate: GateConfig) -> tuple[Verdict, 
     """The verdict of candidate against control, the candidate's measurements with its scores against the
     control's outputs added, and whether (and why) the candidate counts as lossless."""
     lossless, why = arms_lossless(control.resolved, candidate.resolved)
-    check = "exact"
+    check, near = "exact", None
     if lossless:
+        no_traces = _no_traces(control, candidate)
         check, how = lossless_check(gate.lossless_check, (resolved_dtype(control.resolved),
-                                                          resolved_dtype(candidate.resolved)))
-        why = f"{why}; checked {'teacher-forced' if check == 'teacher_forced' else 'exactly'} ({how})"
+                                                          resolved_dtype(candidate.resolved)), no_traces)
+        why = f"{why}; checked {CHECK_WORDS[check]} ({how})"
+        if check == "near_tie":
+            near = near_tie_report(control, candidate, gate, no_traces)
     c, k = arm_result(control), arm_result(candidate)
     check_same_traffic(c, k)  # refused before any statistics: the arms must see the same requests and prompts
     vs_control = score_vs_control(k.outputs, c.outputs)
@@ -171,7 +174,34 @@ def gate_pair(control: Arm, candidate: Arm, gate: GateConfig) -> tuple[Verdict, 
         log_to_run(OmegaConf.to_object(candidate.cfg.tracking), first.run_id, tf_metrics)
     random_weights = all(a.resolved.get("model", {}).get("source") == "random" for a in (control, candidate))
     covers = teacher_forcing_covers(control.resolved, candidate.resolved)
-    return decide(c, k, gate, lossless, check, random_weights, covers), k, lossless, why
+    if near is not None:
+        k.metrics.update(near.metrics())
+        log_to_run(OmegaConf.to_object(candidate.cfg.tracking), candidate.runs[0].run_id, near.metrics())
+        write_json(candidate.runs[0].run_dir / "near_tie.json", near.to_dict())
+    return decide(c, k, gate, lossless, check, random_weights, covers, near), k, lossless, why
+
+
+CHECK_WORDS = {"near_tie": "at each fork for a near-tie", "teacher_forced": "teacher-forced", "exact": "exactly"}
+
+
+def _no_traces(control: Arm, candidate: Arm) -> str | None:
+    """Why the arms' answers cannot be judged fork by fork (an arm recorded no log-probs), or None."""
+    for arm in (control, candidate):
+        first = arm.runs[0]
+        if not first.traces:
+            return f"the {arm.name}: {first.traces_unavailable or 'no log-probs recorded with its answers'}"
+    return None
+
+
+def near_tie_report(control: Arm, candidate: Arm, gate: GateConfig, no_traces: str | None):
+    """The near-tie check of the candidate's greedy answers against the control's (optladder/quality/near_tie.py)."""
+    from optladder.quality.near_tie import compare, unavailable
+
+    if no_traces is not None:
+        return unavailable(len(control.runs[0].outputs), gate.near_tie_top_k, gate.near_tie_margin, no_traces)
+    items = control.prepared.items if control.prepared is not None else None
+    ids = [it.id for it in items] if items is not None else None
+    return compare(control.runs[0].traces, candidate.runs[0].traces, gate.near_tie_top_k, gate.near_tie_margin, ids)
 
 
 def write_json(path: Path, obj) -> Path:

@@ -49,6 +49,10 @@ class ExperimentResult:
     opts: list[str]
     snapshot: dict = field(default_factory=dict)
     load_levels: list[dict] = field(default_factory=list)  # per level: index, knob, value, metrics
+    # per prompt, the greedy answer's top-k log-probs (optladder/quality/near_tie.py), for the lossless check;
+    # empty when none were recorded, and why in traces_unavailable
+    traces: list = field(default_factory=list)
+    traces_unavailable: str | None = None
 
 
 def run_experiment(cfg: DictConfig, run_dir: Path, overrides: list[str] | None = None,
@@ -116,7 +120,7 @@ def _measure(conf, backend, run_dir: Path, snapshot: dict, tracker: Tracker, opt
     tracker.log_metrics(metrics)
     levels = run_levels(conf, backend, workload.requests, run_dir, tracker) if conf.replay.load_levels else []
 
-    outputs, per_prompt, qmetrics, pdigest, signature = _quality(conf, backend, run_dir, prepared, with_quality)
+    outputs, per_prompt, qmetrics, pdigest, signature, traced = _quality(conf, backend, run_dir, prepared, with_quality)
     metrics.update(qmetrics)
     snapshot["prompts_digest"] = pdigest
     write_snapshot(run_dir, snapshot)
@@ -142,7 +146,7 @@ def _measure(conf, backend, run_dir: Path, snapshot: dict, tracker: Tracker, opt
     }
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
     return ExperimentResult(tracker.run_id, run_dir, metrics, records, outputs, per_prompt,
-                            snapshot["requests_digest"], pdigest, effective, opts, snapshot, levels)
+                            snapshot["requests_digest"], pdigest, effective, opts, snapshot, levels, *traced)
 
 
 def warmup_requests(like: list[Request], vocab_size: int, seed: int = 12345) -> list[Request]:
@@ -156,9 +160,16 @@ def warmup_requests(like: list[Request], vocab_size: int, seed: int = 12345) -> 
 def _quality(conf, backend, run_dir: Path, prepared: Prepared, with_quality: bool = True):
     items, prompts = prepared.items, prepared.prompt_ids
     if not with_quality:  # a repeat of an A/B arm: greedy outputs were scored on its first run
-        return [], {}, {}, prompts_digest(items), None
+        return [], {}, {}, prompts_digest(items), None, ([], None)
     t0 = time.perf_counter()
-    outputs = backend.generate(prompts, prepared.max_new_tokens, progress=conf.replay.progress)
+    traced = getattr(backend, "generate_traced", None)
+    if traced is not None:
+        outputs, traces, why = traced(prompts, prepared.max_new_tokens, TRACE_TOP_K, progress=conf.replay.progress)
+        write_traces(run_dir, items, traces, why)
+    else:
+        outputs = backend.generate(prompts, prepared.max_new_tokens, progress=conf.replay.progress)
+        traces, why = [], f"engine={backend.name} records no log-probs of its answers"
+    traces = traces if why is None else []
     scores = score_vs_references(outputs, [it.references for it in items])
     with open(run_dir / "quality_outputs.jsonl", "w") as f:
         for it, out, s in zip(items, outputs, scores.per_prompt):
@@ -173,7 +184,35 @@ def _quality(conf, backend, run_dir: Path, prepared: Prepared, with_quality: boo
     qmetrics["quality/max_new_tokens"] = float(prepared.max_new_tokens)
     qmetrics["quality/rejected"] = float(sum(len(p) >= conf.engine.max_model_len for p in prompts))
     qmetrics["quality/generate_s"] = time.perf_counter() - t0
-    return outputs, per_prompt, qmetrics, prompts_digest(items), scores.bleu_signature
+    return outputs, per_prompt, qmetrics, prompts_digest(items), scores.bleu_signature, (traces, why)
+
+
+TRACE_TOP_K = 5  # log-probs recorded per answer token for the lossless check (gate.near_tie_top_k at most this)
+TRACES_FILE = "quality_traces.jsonl"
+
+
+def write_traces(run_dir: Path, items, traces: list, why: str | None) -> None:
+    """quality_traces.jsonl: per prompt its answer's tokens and top-k log-probs (a first line says why, when the
+    engine recorded none), so a ladder resumed elsewhere can still judge this run's answers."""
+    with open(run_dir / TRACES_FILE, "w") as f:
+        if why is not None:
+            f.write(json.dumps({"unavailable": why}) + "\n")
+            return
+        for it, tr in zip(items, traces):
+            f.write(json.dumps({"id": it.id, "trace": None if tr is None else tr.to_dict()}) + "\n")
+
+
+def read_traces(run_dir: Path) -> tuple[list, str | None]:
+    """What write_traces wrote: (traces, None), ([], why), or ([], None) for a run that wrote none."""
+    from optladder.quality.near_tie import GreedyTrace
+
+    path = Path(run_dir) / TRACES_FILE
+    if not path.is_file():
+        return [], None
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    if rows and "unavailable" in rows[0]:
+        return [], rows[0]["unavailable"]
+    return [None if r["trace"] is None else GreedyTrace.from_dict(r["trace"]) for r in rows], None
 
 
 def _capacity(conf, backend, requests, run_dir: Path) -> dict[str, float]:

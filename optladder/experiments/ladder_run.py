@@ -247,7 +247,8 @@ def with_answers(beside: Arm, control: Arm) -> Arm:
     own = control.runs[0]
     scores = {k: v for k, v in own.metrics.items() if k.startswith("quality/")}
     first = replace(beside.runs[0], outputs=own.outputs, quality_per_prompt=own.quality_per_prompt,
-                    metrics={**beside.runs[0].metrics, **scores})
+                    metrics={**beside.runs[0].metrics, **scores}, traces=own.traces,
+                    traces_unavailable=own.traces_unavailable)
     return Arm(beside.name, beside.overrides, beside.cfg, [first, *beside.runs[1:]], control.prepared)
 
 

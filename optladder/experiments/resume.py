@@ -15,7 +15,7 @@ import logging
 import shutil
 from pathlib import Path
 
-from optladder.experiments.experiment import ExperimentResult
+from optladder.experiments.experiment import ExperimentResult, read_traces
 from optladder.traffic.request import RequestRecord
 
 log = logging.getLogger(__name__)
@@ -38,9 +38,10 @@ def load_result(run_dir: Path) -> ExperimentResult | None:
         rows = [json.loads(line) for line in quality.read_text().splitlines() if line.strip()]
         outputs = [r["output"] for r in rows]
         per_prompt = {f"quality/{k}_vs_ref": [r["scores"][k] for r in rows] for k in SCORES}
+    traces, why = read_traces(run_dir)
     return ExperimentResult(s["run_id"], run_dir, s["metrics"], records, outputs, per_prompt,
                             snap["requests_digest"], snap["prompts_digest"], s["opts_effective"], s["opts"], snap,
-                            s.get("load_levels", []))
+                            s.get("load_levels", []), traces, why)
 
 
 def why_not(result: ExperimentResult, resolved: dict, digests: tuple[str, str] | None) -> str | None:
