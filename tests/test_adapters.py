@@ -419,6 +419,12 @@ def test_vllm_end_to_end_with_smollm2(tmp_path, tracking_uri):
         assert k in m, (k, sorted(m))
     assert 0 < m["perf/kv_util"] <= 1 and m["perf/preemptions"] == 0
     assert all(o.strip() for o in res.outputs)
+    # the near-tie check's input: vLLM's own top-k log-probs of every answer token, as token ids
+    assert res.traces_unavailable is None and len(res.traces) == 3
+    for tr in res.traces:
+        assert tr.tokens and all(isinstance(t, int) for t in tr.tokens) and len(tr.top) == len(tr.tokens)
+        for tok, row in zip(tr.tokens, tr.top):  # greedy: the chosen token is the most likely one
+            assert row[0][0] == tok or row[0][1] - dict(row).get(tok, -1e9) < 1e-3
     assert res.opts_effective["paged_kv"]["state"] == ALWAYS_ON
     assert res.opts_effective["paged_kv"]["args"] == ["--block-size", "128"]
     assert watch.pgids and watch.survivors() == []  # no process of the run's server group is left

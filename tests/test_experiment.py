@@ -102,6 +102,7 @@ def test_run_that_dies_halfway_is_failed_and_keeps_its_records(tmp_path, monkeyp
 
     # the replay succeeds, then the engine fails in the quality phase: the run dies after the replay
     monkeypatch.setattr(ReferenceBackend, "generate", crash)
+    monkeypatch.setattr(ReferenceBackend, "generate_traced", crash)
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     cfg = compose_config([f"tracking.uri={uri}"])
     with pytest.raises(RuntimeError, match="quality phase crashed"):

@@ -49,3 +49,25 @@ def test_a_noisy_shift_gets_an_interval_around_it_that_narrows_with_more_pairs()
         assert iv.low < iv.estimate < iv.high and iv.low < 0.5 < iv.high and iv.n == n
         widths.append(iv.high - iv.low)
     assert widths[1] < widths[0] / 2  # about 1/sqrt(16) as wide
+
+
+def test_power_says_what_a_run_resolves_and_how_many_pairs_would_decide_it():
+    import math
+
+    import numpy as np
+    from scipy import stats as sps
+
+    from optladder.abtest.run_pairs import power, t_interval
+
+    d = np.array([0.10, 0.02, 0.06, 0.02])  # four pairs' log ratios, mean 0.05, no request noise
+    iv = t_interval(d, 0.0, None, 0.0, alpha=0.05)
+    se = float(np.std(d, ddof=1)) / 2
+    p = power(iv, 0.10, 1.0, 0.05, decided=False)
+    assert p.mde == pytest.approx(math.expm1((1.959964 + 0.841621) * se), rel=1e-4)
+    gap = math.log1p(0.10) - 0.05
+    assert p.pairs_to_decide == math.ceil(4 * (sps.t.ppf(0.975, 3) * se / gap) ** 2)
+    # as many pairs of the same spread would make the interval's half-width fit between estimate and bound
+    n = int(p.pairs_to_decide)
+    half = sps.t.ppf(0.975, 3) * float(np.std(d, ddof=1)) / math.sqrt(n)
+    assert half <= gap
+    assert power(iv, 0.10, 1.0, 0.05, decided=True).pairs_to_decide is None

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from optladder.abtest.gates import GateConfig
-from optladder.abtest.stats import bootstrap_mean_delta
+from optladder.abtest.stats import Interval, bootstrap_mean_delta
 from optladder.abtest.verdict import ArmResult, decide, verdict_table
 from tests.test_gates import arm, by_name
 from optladder.traffic.metrics import compute_metrics
@@ -16,7 +16,8 @@ from optladder.traffic.request import RequestRecord
 
 NO_TF = dict(kl_max_mean=None, kl_max_p99=None, top1_agree_min=None, ppl_max_rel_increase=None)  # lossy arms here
 NOISE = {"perf/e2e_ms_p99": 0.02, "perf/ttft_ms_p50": 0.02}  # an A/A-measured run-to-run SD: one run pair decides
-RUN = "over 1 run pair(s) (0 requests dropped; run noise SD 2.0% from 0 df of the pairs and gate.run_noise 2.0% x 4)"
+RUN = ("over 1 run pair(s) (0 requests dropped; run noise SD 2.0% from 0 df of the pairs and gate.run_noise 2.0% x 4)"
+       "; this run resolves changes of ±5.8% (80% power)")
 
 
 @pytest.mark.parametrize("alpha, z", [(0.05, 1.960), (0.10, 1.645)])
@@ -190,3 +191,16 @@ def test_different_traffic_is_refused_naming_both_digests():
     with pytest.raises(ValueError, match=re.escape(f"requests_digest differs (control {'a' * 16!r}, "
                                                    f"candidate {'b' * 16!r})")):
         decide(c, k, GateConfig(), False)
+
+
+def test_the_parent_runs_verdict_metrics_carry_each_gates_change_interval_and_mde():
+    from optladder.abtest.verdict import GateResult, Verdict
+    from optladder.experiments.ab_run import gate_metrics
+
+    iv = Interval(0.05, -0.02, 0.12, 20)
+    v = Verdict("inconclusive", [GateResult("latency_max_regression", "perf/e2e_ms_p99", "inconclusive", "", 1.0, 1.05,
+                                            iv, 0.10, mde=0.08, pairs_to_decide=9.0),
+                                 GateResult("exact_match", "quality/exact_match_vs_control", "pass", "", None, 1.0)], 2)
+    m = gate_metrics(v)
+    name = "verdict/latency_max_regression/perf_e2e_ms_p99"
+    assert m == {f"{name}_change": 0.05, f"{name}_low": -0.02, f"{name}_high": 0.12, f"{name}_mde": 0.08}

@@ -112,6 +112,30 @@ def t_interval(d: np.ndarray, request_var: float, prior_sd: float | None, prior_
                         n=n, pairs=pairs, pair_log_ratios=[float(x) for x in d], request_var=request_var,
                         run_sd=math.sqrt(run_var), df=df)
 
+@dataclass
+class Power:
+    """What a latency gate's run could resolve: mde, the smallest true change (relative, either way) it would
+    detect with 80% power at its alpha; pairs_to_decide, about how many run pairs (in all) its interval would need
+    to clear the bound at the estimate seen (None: decided already; inf: the estimate lies on the bound)."""
+
+    mde: float
+    pairs_to_decide: float | None
+
+
+def power(iv: PairInterval, bound: float, sign: float, alpha: float, decided: bool) -> Power:
+    """From the interval's own variance: SE = sqrt(request_var + run_sd^2 / pairs) of the mean log ratio, MDE =
+    (z[1 - alpha/2] + z[0.8]) x SE; both variance terms shrink about as 1/pairs, so the pairs that would make the
+    half-width t x SE smaller than the estimate's distance to the bound (log scale) are pairs x (t SE / gap)^2."""
+    se = math.sqrt(iv.request_var + iv.run_sd ** 2 / max(iv.pairs, 1))
+    mde = math.expm1((float(sps.norm.ppf(1 - alpha / 2)) + float(sps.norm.ppf(0.8))) * se)
+    if decided:
+        return Power(mde, None)
+    gap = abs(math.log1p(bound) - sign * math.log1p(iv.estimate)) if bound > -1 else 0.0
+    t = float(sps.t.ppf(1 - alpha / 2, max(iv.df, 1)))
+    need = math.inf if gap == 0 else math.ceil(iv.pairs * (t * se / gap) ** 2)
+    return Power(mde, float(need))
+
+
 def run_noise_from_aa(log_ratios: list[float]) -> tuple[float, int]:
     """The prior for gate.run_noise from an A/A sweep's pair log ratios (identical arms, so the true ratio is
     1 and the SD is taken about 0, one degree of freedom per pair): (SD, number of pairs)."""

@@ -17,7 +17,7 @@ import numpy as np
 
 from optladder.abtest.environment import across_runs, describe
 from optladder.abtest.gates import PAIRED_LATENCY, GateConfig, higher_is_better
-from optladder.abtest.run_pairs import _stat, align_runs, pair_interval, run_noise_from_aa
+from optladder.abtest.run_pairs import _stat, align_runs, pair_interval, power, run_noise_from_aa
 from optladder.abtest.stats import Interval, bootstrap_mean_delta
 from optladder.abtest.teacher_forced import teacher_forced_checks
 from optladder.quality.near_tie import NearTieReport
@@ -68,6 +68,10 @@ class GateResult:
     interval: Interval | None = None
     bound: float | None = None  # relative gates: the largest bad-direction change that passes
     decides: bool = True  # False: reported only (a lossy candidate's text gates, when teacher forcing decides)
+    # latency gates on an interval: the minimum detectable effect (80% power) and, when undecided, about how many
+    # run pairs in all would decide it (optladder/abtest/run_pairs.py power)
+    mde: float | None = None
+    pairs_to_decide: float | None = None
 
     @property
     def name(self) -> str:
@@ -159,8 +163,15 @@ def _relative_gate(gate: str, metric: str, bound: float, control: ArmResult, can
     status = on_bound(low, high, bound)
     noise = (f"run noise SD {iv.run_sd:.1%} from {pairs - 1} df of the pairs"
              + (f" and gate.run_noise {prior:.1%} x {cfg.run_noise_weight:g}" if prior is not None else ""))
+    pw = power(iv, bound, sign, cfg.alpha, status != "inconclusive")
+    resolves = f"; this run resolves changes of ±{pw.mde:.1%} (80% power)"
+    if pw.pairs_to_decide is not None:
+        resolves += (", and its estimate lies on the bound: no number of pairs would decide it"
+                     if math.isinf(pw.pairs_to_decide) else
+                     f"; about {pw.pairs_to_decide:.0f} run pairs in all (ab.repeats) would decide it")
     return GateResult(gate, metric, status, f"{head} {_ci(iv, cfg.alpha)} over {pairs} run pair(s) "
-                      f"({dropped} requests dropped; {noise}); {limit} -> {status}", c, k, iv, bound)
+                      f"({dropped} requests dropped; {noise}){resolves}; {limit} -> {status}", c, k, iv, bound,
+                      mde=pw.mde, pairs_to_decide=pw.pairs_to_decide)
 
 
 def aa_log_ratio(metric: str, first: list, again: list) -> float | None:

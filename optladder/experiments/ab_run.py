@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -181,6 +182,21 @@ def gate_pair(control: Arm, candidate: Arm, gate: GateConfig) -> tuple[Verdict, 
     return decide(c, k, gate, lossless, check, random_weights, covers, near), k, lossless, why
 
 
+def gate_metrics(verdict: Verdict) -> dict[str, float]:
+    """Each gate with an interval as the parent run's verdict/* metrics: its change, the interval's ends and, for
+    a latency gate, its minimum detectable effect (so an A/A sweep can be read from MLflow)."""
+    out: dict[str, float] = {}
+    for g in verdict.gates:
+        if g.interval is None or not g.metric:
+            continue
+        name = f"verdict/{g.gate}/{g.metric.replace('/', '_')}"
+        out.update({f"{name}_change": g.interval.estimate, f"{name}_low": g.interval.low,
+                    f"{name}_high": g.interval.high})
+        if g.mde is not None:
+            out[f"{name}_mde"] = g.mde
+    return {k: v for k, v in out.items() if math.isfinite(v)}
+
+
 CHECK_WORDS = {"near_tie": "at each fork for a near-tie", "teacher_forced": "teacher-forced", "exact": "exactly"}
 
 
@@ -240,7 +256,7 @@ def run_ab(cfg: DictConfig, run_dir: Path, overrides: list[str], choices: dict) 
             best = candidate.runs[0]
             promote(registry, best.snapshot, best.run_id or str(best.run_dir), ab.name)  # run dir when untracked
         parent.log_metrics({f"verdict/{k}": v for k, v in cand.metrics.items() if k.startswith("quality/")})
-        parent.log_metrics({"verdict/exit_code": verdict.exit_code})
+        parent.log_metrics({"verdict/exit_code": verdict.exit_code, **gate_metrics(verdict)})
         parent.set_tags({"verdict": verdict.status})
         print(verdict_table(verdict))
         for line in unasked:
