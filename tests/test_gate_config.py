@@ -103,7 +103,8 @@ def test_from_dict_converts_numbers_and_refuses_what_it_cannot():
     assert cfg.control_agreement_min == {"quality/bleu_vs_control": 90.0}
     assert GateConfig.from_dict(None) == GateConfig()
     with pytest.raises(ValueError, match=re.escape("unknown gate key(s) 'alfa', 'nboot'; valid: quality_margins_rel, "
-                                                   "min_exact_match_lossless, lossless_check, near_tie_top_k, near_tie_margin, environment_check, "
+                                                   "min_exact_match_lossless, lossless_check, near_tie_top_k, near_tie_margin, near_tie_max_drift_float32, "
+                                                   "environment_check, "
                                                    "control_agreement_min")):
         GateConfig.from_dict({"alfa": 0.1, "nboot": 5})
     with pytest.raises(ValueError, match=re.escape("gate.latency_gains must be a mapping of metric -> number, got [1]")):

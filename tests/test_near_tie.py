@@ -106,3 +106,13 @@ def test_the_engine_records_the_distribution_each_greedy_token_was_chosen_from()
             assert engine.speculator is not None
         plain = engine.generate(prompts, SamplingParams(temperature=0.0, max_tokens=4))
         assert all(s.top_logprobs == [] for s in plain)  # nothing recorded unless asked
+
+
+def test_in_float32_a_drift_before_any_fork_fails_even_when_every_fork_is_a_near_tie():
+    drifted = tr([5, 8, 2], [[(5, -0.3), (6, -3.0)], [(8, -0.71), (7, -0.75), (1, -4.0)], [(2, -0.3)]])
+    rep = compare([CTRL], [drifted], top_k=5, margin=1.0)
+    assert not rep.offenders and rep.max_drift == pytest.approx(0.2)
+    assert _near_tie_gate(rep).status == "pass"  # half precision: drift is rounding, reported
+    g = _near_tie_gate(rep, max_drift=0.01)
+    assert g.status == "fail" and "gate.near_tie_max_drift_float32=0.01" in g.reason
+    assert _near_tie_gate(compare([CTRL], [NEAR], 5, 1.0), max_drift=0.01).status == "pass"

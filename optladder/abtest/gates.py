@@ -83,7 +83,10 @@ class GateConfig:
     lossless_check: how a lossless candidate's quality is checked. near_tie: where its greedy answer parts from
         the control's, the token each arm chose must be within the other arm's top near_tie_top_k there and within
         near_tie_margin nats of its top token (optladder/quality/near_tie.py); an engine that records no
-        log-probs makes it inconclusive. auto: near_tie where both arms recorded them, else teacher_forced in
+        log-probs makes it inconclusive. near_tie_max_drift_float32: where both arms compute in float32, the
+        largest gap of a chosen token's log-prob between the arms before any fork must also stay within it
+        (a lossless switch drifts by rounding only: 1.4e-5 nats for chunked_prefill on SmolLM2; a rotary position
+        off by one in later chunks 0.28, though each of its forks is a near-tie); null: reported only. auto: near_tie where both arms recorded them, else teacher_forced in
         half precision and exact in float32. exact: its greedy answers must be the
         control's (min_exact_match_lossless, control_agreement_min). teacher_forced: on the teacher-forced
         gates, as a lossy candidate (its text gates reported), because in half precision a change of
@@ -119,6 +122,7 @@ class GateConfig:
     lossless_check: str = "auto"
     near_tie_top_k: int = 5
     near_tie_margin: float = 1.0
+    near_tie_max_drift_float32: Optional[float] = 0.01
     environment_check: str = "latency"
     control_agreement_min: dict[str, float] = field(default_factory=_default_agreement)
     latency_gains: dict[str, float] = field(default_factory=dict)
@@ -172,6 +176,8 @@ class GateConfig:
             raise ValueError(f"gate.near_tie_top_k must be an integer in [1, {NEAR_TIE_TOP_K_MAX}] (the log-probs a "
                              f"run records per answer token), got {self.near_tie_top_k!r}")
         _check_range("gate.near_tie_margin", self.near_tie_margin, 0.0, 100.0)
+        if self.near_tie_max_drift_float32 is not None:
+            _check_range("gate.near_tie_max_drift_float32", self.near_tie_max_drift_float32, 0.0, 100.0)
         for name, floor in self.control_agreement_min.items():
             if not validate_metric(name).endswith("_vs_control") or name.endswith("exact_match_vs_control"):
                 raise ValueError(f"gate.control_agreement_min: {name!r} is not an agreement score; valid: "

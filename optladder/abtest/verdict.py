@@ -255,7 +255,7 @@ def _exact_match_gate(candidate: ArmResult, minimum: float) -> GateResult:
 NEAR_TIE = "quality/near_tie_not_near"
 
 
-def _near_tie_gate(report: NearTieReport | None) -> GateResult:
+def _near_tie_gate(report: NearTieReport | None, max_drift: float | None = None) -> GateResult:
     """A lossless candidate's forks (optladder/quality/near_tie.py): pass when every one is a near-tie, fail naming
     the prompts and positions of those that are not; inconclusive when no check could be made."""
     if report is None or report.unavailable:
@@ -275,6 +275,11 @@ def _near_tie_gate(report: NearTieReport | None) -> GateResult:
         shown = "; ".join(f.describe() for f in bad[:5]) + (f"; and {len(bad) - 5} more" if len(bad) > 5 else "")
         return GateResult("near_tie", NEAR_TIE, "fail", f"{head}; {len(bad)} not a near-tie, so the switch changed "
                           f"what the model computes: {shown} -> fail", 0.0, float(len(bad)))
+    if max_drift is not None and report.max_drift > max_drift:
+        return GateResult("near_tie", NEAR_TIE, "fail", f"{head}; but before any fork a chosen token's log-prob "
+                          f"differs by {report.max_drift:.4g} nats between the arms, more than float32 rounding "
+                          f"allows (gate.near_tie_max_drift_float32={max_drift:g}): the switch changed what the model "
+                          f"computes -> fail", 0.0, report.max_drift)
     if report.skipped:
         return GateResult("near_tie", NEAR_TIE, "inconclusive", f"{head}; but {len(report.skipped)} prompt(s) were "
                           f"answered by one arm only ({', '.join(report.skipped[:5])})", 0.0, 0.0)
@@ -366,14 +371,15 @@ def _environment_gate(control: ArmResult, candidate: ArmResult, mode: str,
 
 def decide(control: ArmResult, candidate: ArmResult, gate: GateConfig,
            candidate_lossless: bool, lossless_check: str = "exact", random_weights: bool = False,
-           tf_covers: bool = True, near_tie: NearTieReport | None = None) -> Verdict:
+           tf_covers: bool = True, near_tie: NearTieReport | None = None, float32: bool = False) -> Verdict:
     """Apply every gate; see the module docstring for how they combine. A lossy candidate, and a lossless one
     whose check is teacher_forced (gate.lossless_check, optladder/abtest/lossless.py), is judged on the teacher-forced
     gates where they are set and were measured; its text gates are then reported. For a lossless candidate:
     random_weights (both arms): of those, the KL gates decide, top-1 agreement and perplexity are reported;
     tf_covers False (it differs in a switch the teacher-forced pass does not run, optladder/abtest/lossless.py): its exact
     match still decides, a failed one counting as inconclusive; scores not measured: its exact match decides.
-    lossless_check near_tie: the near-tie gate over `near_tie` decides (inconclusive without one), its exact match
+    lossless_check near_tie: the near-tie gate over `near_tie` decides (float32: both arms compute in it, so the
+    drift before the forks is gated too) (inconclusive without one), its exact match
     and agreement are reported, and a non-inferiority check against the references decides only by failing."""
     check_same_traffic(control, candidate)
     quality = [_quality_gate(m, margin, control, candidate, gate) for m, margin in gate.quality_margins_rel.items()]
@@ -384,7 +390,7 @@ def decide(control: ArmResult, candidate: ArmResult, gate: GateConfig,
     exact = [_exact_match_gate(candidate, gate.min_exact_match_lossless)] if candidate_lossless else []
     tie = []
     if candidate_lossless and lossless_check == "near_tie":
-        tie = [_near_tie_gate(near_tie)]
+        tie = [_near_tie_gate(near_tie, gate.near_tie_max_drift_float32 if float32 else None)]
         why = "a lossless candidate is decided by where its answers part from the control's (gate.lossless_check)"
         _reported(exact, f"{why}; a rounding change flips near-ties and the answer after them")
         _reported(agreement, f"{why}; a rounding change rewrites the answer after a flipped near-tie")

@@ -179,7 +179,8 @@ def gate_pair(control: Arm, candidate: Arm, gate: GateConfig) -> tuple[Verdict, 
         k.metrics.update(near.metrics())
         log_to_run(OmegaConf.to_object(candidate.cfg.tracking), candidate.runs[0].run_id, near.metrics())
         write_json(candidate.runs[0].run_dir / "near_tie.json", near.to_dict())
-    return decide(c, k, gate, lossless, check, random_weights, covers, near), k, lossless, why
+    float32 = all(resolved_dtype(a.resolved) == "float32" for a in (control, candidate))
+    return decide(c, k, gate, lossless, check, random_weights, covers, near, float32), k, lossless, why
 
 
 def gate_metrics(verdict: Verdict) -> dict[str, float]:
