@@ -54,7 +54,8 @@ def test_an_answer_that_stops_early_is_a_fork_at_its_end():
     short = tr([5], [[(5, -0.1), (6, -3.0)]])
     rep = compare([CTRL], [short], top_k=5, margin=1.0)
     assert rep.diverged == 1 and rep.offenders and rep.forks[0].position == 1
-    assert compare([None], [None], 5, 1.0).equal == 1  # no room to answer in either arm
+    nothing = compare([None], [None], 5, 1.0)  # no room to answer in either arm: nothing compared, not equal
+    assert nothing.equal == 0 and _near_tie_gate(nothing).status == "inconclusive"
 
 
 def test_no_log_probs_is_inconclusive_with_the_reason_never_pass():
@@ -63,8 +64,13 @@ def test_no_log_probs_is_inconclusive_with_the_reason_never_pass():
     assert _near_tie_gate(None).status == "inconclusive"
 
 
-def test_traces_round_trip_through_json():
-    assert GreedyTrace.from_dict(NEAR.to_dict()) == NEAR
+def test_traces_round_trip_through_json_unrounded():
+    import json
+
+    odd = tr([5], [[(5, -0.123456789), (6, -1.000000001)]])
+    for t in (NEAR, odd):
+        back = GreedyTrace.from_dict(json.loads(json.dumps(t.to_dict())))
+        assert back.tokens == t.tokens and back.top == [[tuple(x) for x in row] for row in t.top]
 
 
 def test_auto_picks_near_tie_where_both_arms_recorded_traces_else_as_before():

@@ -57,17 +57,19 @@ def test_power_says_what_a_run_resolves_and_how_many_pairs_would_decide_it():
     import numpy as np
     from scipy import stats as sps
 
-    from optladder.abtest.run_pairs import power, t_interval
+    from optladder.abtest.run_pairs import PairInterval, power, t_interval
 
     d = np.array([0.10, 0.02, 0.06, 0.02])  # four pairs' log ratios, mean 0.05, no request noise
     iv = t_interval(d, 0.0, None, 0.0, alpha=0.05)
-    se = float(np.std(d, ddof=1)) / 2
+    sd = float(np.std(d, ddof=1))
     p = power(iv, 0.10, 1.0, 0.05, decided=False)
-    assert p.mde == pytest.approx(math.expm1((1.959964 + 0.841621) * se), rel=1e-4)
+    assert p.mde == pytest.approx(math.expm1((sps.t.ppf(0.975, 3) + sps.t.ppf(0.8, 3)) * sd / 2), rel=1e-6)
     gap = math.log1p(0.10) - 0.05
-    assert p.pairs_to_decide == math.ceil(4 * (sps.t.ppf(0.975, 3) * se / gap) ** 2)
-    # as many pairs of the same spread would make the interval's half-width fit between estimate and bound
     n = int(p.pairs_to_decide)
-    half = sps.t.ppf(0.975, 3) * float(np.std(d, ddof=1)) / math.sqrt(n)
-    assert half <= gap
+    assert n == math.ceil(sd ** 2 / (gap / sps.t.ppf(0.975, 3)) ** 2)
+    assert sps.t.ppf(0.975, 3) * sd / math.sqrt(n) <= gap < sps.t.ppf(0.975, 3) * sd / math.sqrt(n - 1)
     assert power(iv, 0.10, 1.0, 0.05, decided=True).pairs_to_decide is None
+    # request noise wider than the gap: the same requests in every pair, so no number of pairs decides
+    wide = PairInterval(estimate=iv.estimate, low=iv.low, high=iv.high, n=20, pairs=4, request_var=0.01,
+                        run_sd=sd, df=3)
+    assert math.isinf(power(wide, 0.10, 1.0, 0.05, decided=False).pairs_to_decide)

@@ -17,7 +17,7 @@ from optladder.traffic.request import RequestRecord
 NO_TF = dict(kl_max_mean=None, kl_max_p99=None, top1_agree_min=None, ppl_max_rel_increase=None)  # lossy arms here
 NOISE = {"perf/e2e_ms_p99": 0.02, "perf/ttft_ms_p50": 0.02}  # an A/A-measured run-to-run SD: one run pair decides
 RUN = ("over 1 run pair(s) (0 requests dropped; run noise SD 2.0% from 0 df of the pairs and gate.run_noise 2.0% x 4)"
-       "; this run resolves changes of ±5.8% (80% power)")
+       "; this run resolves changes of ±7.7% (80% power)")
 
 
 @pytest.mark.parametrize("alpha, z", [(0.05, 1.960), (0.10, 1.645)])

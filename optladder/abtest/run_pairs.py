@@ -123,17 +123,21 @@ class Power:
 
 
 def power(iv: PairInterval, bound: float, sign: float, alpha: float, decided: bool) -> Power:
-    """From the interval's own variance: SE = sqrt(request_var + run_sd^2 / pairs) of the mean log ratio, MDE =
-    (z[1 - alpha/2] + z[0.8]) x SE; both variance terms shrink about as 1/pairs, so the pairs that would make the
-    half-width t x SE smaller than the estimate's distance to the bound (log scale) are pairs x (t SE / gap)^2."""
+    """From the interval's own variance: SE = sqrt(request_var + run_sd^2 / pairs) of the mean log ratio, and the
+    t distribution of the interval's df: MDE = (t[1 - alpha/2] + t[0.8]) x SE. More pairs shrink only the run
+    part (every pair replays the same requests, so the request part repeats): the interval clears the bound at
+    the estimate seen once t x sqrt(request_var + run_sd^2 / n) < gap, i.e. n > run_sd^2 / ((gap / t)^2 -
+    request_var), and never where the request part alone is wider than the gap (inf)."""
+    df = max(iv.df, 1.0)
     se = math.sqrt(iv.request_var + iv.run_sd ** 2 / max(iv.pairs, 1))
-    mde = math.expm1((float(sps.norm.ppf(1 - alpha / 2)) + float(sps.norm.ppf(0.8))) * se)
+    mde = math.expm1((float(sps.t.ppf(1 - alpha / 2, df)) + float(sps.t.ppf(0.8, df))) * se)
     if decided:
         return Power(mde, None)
     gap = abs(math.log1p(bound) - sign * math.log1p(iv.estimate)) if bound > -1 else 0.0
-    t = float(sps.t.ppf(1 - alpha / 2, max(iv.df, 1)))
-    need = math.inf if gap == 0 else math.ceil(iv.pairs * (t * se / gap) ** 2)
-    return Power(mde, float(need))
+    room = (gap / float(sps.t.ppf(1 - alpha / 2, df))) ** 2 - iv.request_var
+    if room <= 0:
+        return Power(mde, math.inf)
+    return Power(mde, float(max(iv.pairs + 1, math.ceil(iv.run_sd ** 2 / room))))
 
 
 def run_noise_from_aa(log_ratios: list[float]) -> tuple[float, int]:

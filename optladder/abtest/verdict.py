@@ -262,6 +262,9 @@ def _near_tie_gate(report: NearTieReport | None, max_drift: float | None = None)
         why = report.unavailable if report is not None else "no near-tie report was made"
         return GateResult("near_tie", NEAR_TIE, "inconclusive", f"the lossless check could not be made: {why}",
                           None, None)
+    if not report.equal and not report.diverged:
+        return GateResult("near_tie", NEAR_TIE, "inconclusive", f"no answers to compare: none of the {report.prompts} "
+                          "prompts left room to answer in both arms", None, None)
     if report.diverged:
         head = (f"{report.equal} of {report.prompts} answers equal the control's and {report.diverged} part from it, "
                 f"{report.near_ties} of those at a near-tie (within the other arm's top {report.top_k} and "

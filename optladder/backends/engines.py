@@ -169,15 +169,15 @@ class HFBackend:
     def generate_traced(self, prompts, max_new_tokens, top_k, progress=True):
         """As generate, with a GreedyTrace per prompt. transformers' batched generate gives no per-step scores in
         continuous batching, so the top-k here come from a teacher-forced pass of this model over its own answer
-        (one forward a prompt): the tokens are the decode path's, the distributions an unbatched forward's."""
+        (one forward a prompt): the tokens are the decode path's, the distributions an unbatched forward's, so only
+        the control's side of a fork and the drift see what the decode path computed."""
         from optladder.quality.near_tie import GreedyTrace
 
         with tqdm(total=len(prompts), desc="quality", unit="prompt", disable=not progress) as bar:
             texts, tokens = self.engine.generate(prompts, max_new_tokens, progress=bar, with_tokens=True)
         traces = [None] * len(prompts)
-        idx = [i for i, t in enumerate(tokens) if t]
-        scored = self.engine.score([list(prompts[i]) + tokens[i] for i in idx], [len(prompts[i]) for i in idx])
-        for i, lp in zip(idx, scored):
+        for i in (i for i, t in enumerate(tokens) if t):  # one at a time: a full [len, vocab] array each
+            lp = self.engine.score([list(prompts[i]) + tokens[i]], [len(prompts[i])])[0]
             top = TokenLogprobs.from_full(lp, tokens[i]).topk(min(top_k, lp.shape[-1]))
             traces[i] = GreedyTrace(tokens[i], [list(zip(a.tolist(), b.tolist())) for a, b in zip(*top)])
         return texts, traces, None

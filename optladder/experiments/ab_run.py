@@ -159,10 +159,10 @@ def gate_pair(control: Arm, candidate: Arm, gate: GateConfig) -> tuple[Verdict, 
         check, how = lossless_check(gate.lossless_check, (resolved_dtype(control.resolved),
                                                           resolved_dtype(candidate.resolved)), no_traces)
         why = f"{why}; checked {CHECK_WORDS[check]} ({how})"
-        if check == "near_tie":
-            near = near_tie_report(control, candidate, gate, no_traces)
     c, k = arm_result(control), arm_result(candidate)
     check_same_traffic(c, k)  # refused before any statistics: the arms must see the same requests and prompts
+    if lossless and check == "near_tie":
+        near = near_tie_report(control, candidate, gate, no_traces)
     vs_control = score_vs_control(k.outputs, c.outputs)
     k.metrics.update(to_metrics(vs_control))
     k.quality_per_prompt["quality/rougeL_vs_control"] = [p["rougeL"] for p in vs_control.per_prompt]
@@ -179,7 +179,9 @@ def gate_pair(control: Arm, candidate: Arm, gate: GateConfig) -> tuple[Verdict, 
         k.metrics.update(near.metrics())
         log_to_run(OmegaConf.to_object(candidate.cfg.tracking), candidate.runs[0].run_id, near.metrics())
         write_json(candidate.runs[0].run_dir / "near_tie.json", near.to_dict())
-    float32 = all(resolved_dtype(a.resolved) == "float32" for a in (control, candidate))
+    # the drift bound only where float32 is written in both arms: engine.dtype=auto resolves by the host that judges,
+    # which for a ladder resumed elsewhere is not the host that ran it
+    float32 = all(str(a.resolved.get("engine", {}).get("dtype")) == "float32" for a in (control, candidate))
     return decide(c, k, gate, lossless, check, random_weights, covers, near, float32), k, lossless, why
 
 

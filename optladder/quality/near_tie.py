@@ -8,8 +8,10 @@ answer, the top-k log-probs of the distribution it chose from (its own decode pa
 drafts). At the first position where the two answers differ, the candidate's token must be within the
 control's top-k there and within `margin` nats of the control's top token, and the control's token likewise
 under the candidate's distribution. After the fork nothing is compared: the two answers continue from different
-prefixes. Answers that never part are equal. A bug does not flip near-ties: it moves the distribution, so at its
-first fork the chosen token lies far below the other arm's top (or outside its top-k).
+prefixes. Answers that never part are equal. A bug that moves the distribution far puts the chosen token far
+below the other arm's top (or outside its top-k) at its first fork; a bug that moves it by little forks at
+near-ties like rounding does (a rotary position off by one in later prompt chunks, on SmolLM2: every fork within
+0.5 nats), and only the drift before the forks shows it, in float32 (gate.near_tie_max_drift_float32).
 
 Plain data, no torch: `GreedyTrace` is what an engine's traced generation returns (optladder/backends/engines.py).
 """
@@ -30,7 +32,8 @@ class GreedyTrace:
     top: list[list[tuple[Token, float]]]
 
     def to_dict(self) -> dict[str, Any]:
-        return {"tokens": self.tokens, "top": [[[t, round(lp, 5)] for t, lp in row] for row in self.top]}
+        return {"tokens": self.tokens, "top": [[[t, lp] for t, lp in row] for row in self.top]}  # unrounded: a
+        # margin on the bound must read the same from disk (a resumed ladder) as from memory
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "GreedyTrace":
@@ -131,11 +134,9 @@ def compare(control: list[Optional[GreedyTrace]], candidate: list[Optional[Greed
     ids = prompt_ids or [str(i) for i in range(len(control))]
     equal, forks, drift, skipped = 0, [], 0.0, []
     for i, (a, b) in enumerate(zip(control, candidate)):
-        if a is None or b is None:
+        if a is None or b is None:  # no room to answer: nothing to compare (in both arms alike, or said)
             if (a is None) != (b is None):
                 skipped.append(ids[i])
-            else:
-                equal += 1
             continue
         n = min(len(a.tokens), len(b.tokens))
         p = next((j for j in range(n) if a.tokens[j] != b.tokens[j]), None)
