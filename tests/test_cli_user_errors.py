@@ -68,9 +68,9 @@ def test_sweep_adds_prerequisites_and_skips_what_this_machine_cannot_run(tmp_pat
     parent = next(r for r in runs if r.data.tags.get("optladder.kind") == "sweep")
     kids = {r.info.run_name: r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id}
     assert parent.info.run_name == "sweep: +opt=cuda_graphs,prefix_cache" and parent.info.status == "FINISHED"
-    skipped = kids["reference:cuda_graphs:tiny (skipped)"]
+    skipped = kids["reference:cuda_graphs:tiny quality=alpaca_prompts (skipped)"]  # the user set names the run
     assert skipped.info.status == "KILLED" and "CUDA only" in skipped.data.tags["optladder.skipped"]
-    ran = kids["reference:paged_kv+prefix_cache:tiny"]
+    ran = kids["reference:paged_kv+prefix_cache:tiny quality=alpaca_prompts"]
     assert ran.info.status == "FINISHED" and ran.data.tags["optladder.added_needs"] == "paged_kv"
     assert ran.data.tags["opt.paged_kv"] == "on" and ran.data.tags["opt.prefix_cache"] == "on"
     table = (tmp_path / "sweep" / "sweep.md").read_text()
