@@ -7,8 +7,12 @@ from optladder.experiments.run_views import run_tags
 from tests.conftest import compose_config
 
 
+def _conf(*overrides):
+    return build(compose_config(["tracking.enabled=false", *overrides]))
+
+
 def test_a_replay_whose_lengths_changed_is_tagged():
-    conf = build(compose_config(["tracking.enabled=false"]))
+    conf = _conf()
     clipped = {"traffic/changed_input_share": 0.39, "traffic/changed_output_share": 0.0}
     assert run_tags(conf, [], {}, clipped)["optladder.lengths_changed"] == "true"
     kept = {"traffic/changed_input_share": 0.05, "traffic/changed_output_share": 0.05}
@@ -17,15 +21,11 @@ def test_a_replay_whose_lengths_changed_is_tagged():
 
 
 def test_a_replay_whose_prefix_reuse_changed_is_tagged():
-    conf = build(compose_config(["tracking.enabled=false"]))
+    conf = _conf()
     moved = {"traffic/prefix_hit_rate_trace": 0.114, "traffic/prefix_hit_rate_replayed": 0.8}
     assert run_tags(conf, [], {}, moved)["optladder.prefix_reuse_changed"] == "true"
     kept = {"traffic/prefix_hit_rate_trace": 0.5, "traffic/prefix_hit_rate_replayed": 0.54}
     assert "optladder.prefix_reuse_changed" not in run_tags(conf, [], {}, kept)
-
-
-def _conf(*overrides):
-    return build(compose_config(["tracking.enabled=false", *overrides]))
 
 
 def test_runs_are_named_by_what_tells_them_apart(tmp_path):

@@ -87,14 +87,19 @@ class ReferenceBackend:
     def generate(self, prompts, max_new_tokens, progress=True):
         """Greedy, stopping at EOS; a prompt that leaves no room to answer gets '' (counted by the caller)."""
         outputs = [""] * len(prompts)
-        room = [min(max_new_tokens, self.max_model_len - len(p)) for p in prompts]
-        keep = [i for i, r in enumerate(room) if r >= 1]
-        params = [SamplingParams(temperature=0.0, max_tokens=room[i], ignore_eos=False) for i in keep]
-        with tqdm(total=len(keep), desc="quality", unit="prompt", disable=not progress) as bar:
-            seqs = self.engine.generate([prompts[i] for i in keep], params, progress=bar)
-        for i, seq in zip(keep, seqs):
+        for i, seq in self._greedy(prompts, max_new_tokens, 0, progress):
             outputs[i] = seq.output_text
         return outputs
+
+    def _greedy(self, prompts, max_new_tokens, logprobs, progress):
+        """(prompt index, finished Sequence) of every prompt with room to answer, greedy to EOS."""
+        room = [min(max_new_tokens, self.max_model_len - len(p)) for p in prompts]
+        keep = [i for i, r in enumerate(room) if r >= 1]
+        params = [SamplingParams(temperature=0.0, max_tokens=room[i], ignore_eos=False, logprobs=logprobs)
+                  for i in keep]
+        with tqdm(total=len(keep), desc="quality", unit="prompt", disable=not progress) as bar:
+            seqs = self.engine.generate([prompts[i] for i in keep], params, progress=bar)
+        return list(zip(keep, seqs))
 
     def generate_traced(self, prompts, max_new_tokens, top_k, progress=True):
         """(outputs, traces, None): as generate, and per prompt a GreedyTrace (optladder/quality/near_tie.py), the
@@ -103,12 +108,7 @@ class ReferenceBackend:
         from optladder.quality.near_tie import GreedyTrace
 
         outputs, traces = [""] * len(prompts), [None] * len(prompts)
-        room = [min(max_new_tokens, self.max_model_len - len(p)) for p in prompts]
-        keep = [i for i, r in enumerate(room) if r >= 1]
-        params = [SamplingParams(temperature=0.0, max_tokens=room[i], ignore_eos=False, logprobs=top_k) for i in keep]
-        with tqdm(total=len(keep), desc="quality", unit="prompt", disable=not progress) as bar:
-            seqs = self.engine.generate([prompts[i] for i in keep], params, progress=bar)
-        for i, seq in zip(keep, seqs):
+        for i, seq in self._greedy(prompts, max_new_tokens, top_k, progress):
             outputs[i] = seq.output_text
             traces[i] = GreedyTrace(list(seq.output_token_ids), [list(zip(a, b)) for a, b in seq.top_logprobs])
         return outputs, traces, None
