@@ -25,3 +25,17 @@ def conf_options(group: str) -> list[str]:
 CHECKOUT = _checkout()
 PROJECT_ROOT = Path(os.environ["OPTLADDER_HOME"]).resolve() if os.environ.get("OPTLADDER_HOME") \
     else CHECKOUT or Path.cwd()
+
+MAX_LISTED = 5  # files of a directory named where a file was wanted
+
+
+def refuse_directory(label: str, full: Path) -> None:
+    """IsADirectoryError when `full` (what `label` names: a data file, quality.path) is a directory: say so and
+    name a few of its files, rather than 'not found' with advice (set the data root) that would not help."""
+    if not full.is_dir():
+        return
+    inside = sorted(c.name for c in full.iterdir() if c.is_file())
+    holds = (f"it holds {', '.join(inside[:MAX_LISTED])}{', ...' if len(inside) > MAX_LISTED else ''}"
+             if inside else "it holds no files")
+    raise IsADirectoryError(f"{label} is a directory ({full}), not a file: give the path of the file itself "
+                            f"({holds})")

@@ -93,6 +93,38 @@ def test_missing_data_file_names_path_and_how_to_set_root(tmp_path, monkeypatch)
         load_prompt_set(QualityConfig(name="self_instruct"), None)
 
 
+@pytest.mark.parametrize("name, rel", [("alpaca_eval", "prompts/alpaca_eval_davinci003.json"),
+                                       ("self_instruct", "prompts/self_instruct_user_oriented.jsonl")])
+def test_a_directory_where_a_set_file_should_be_says_so(tmp_path, name, rel):
+    (tmp_path / rel).mkdir(parents=True)
+    with pytest.raises(IsADirectoryError) as err:
+        load_prompt_set(QualityConfig(name=name), str(tmp_path))
+    assert str(err.value) == (f"quality={name}'s file {rel!r} is a directory ({tmp_path / rel}), not a file: give "
+                              f"the path of the file itself (it holds no files)")
+
+
+def test_alpaca_eval_and_self_instruct_errors_name_the_row_by_its_id(tmp_path):
+    rows = [{"instruction": "a", "output": "b"}, {"instruction": "c", "output": "d"}, {"output": "no instruction"}]
+    path = tmp_path / "prompts" / "alpaca_eval_davinci003.json"
+    path.parent.mkdir()
+    path.write_text(json.dumps(rows))
+    with pytest.raises(ValueError) as err:
+        load_prompt_set(QualityConfig(name="alpaca_eval", num_prompts=2), str(tmp_path))
+    assert str(err.value).startswith(f"{path}:entry 3 (id 'alpaca_eval-002'): instruction must be")
+    rows[2]["instruction"] = "e"
+    path.write_text(json.dumps(rows))  # the id of the third row, when it is good
+    assert "alpaca_eval-002" in [it.id for it in load_prompt_set(QualityConfig(name="alpaca_eval", num_prompts=3),
+                                                                  str(tmp_path))]
+    tasks = [{"id": f"user_oriented_task_{i}", "instruction": "x", "instances": [{"input": "", "output": "y"}]}
+             for i in range(3)]
+    del tasks[1]["instances"]
+    path = tmp_path / "prompts" / "self_instruct_user_oriented.jsonl"
+    path.write_text("".join(json.dumps(t) + "\n" for t in tasks))
+    with pytest.raises(ValueError) as err:
+        load_prompt_set(QualityConfig(name="self_instruct"), str(tmp_path))
+    assert str(err.value).startswith(f"{path}:2 (id 'user_oriented_task_1'): not a self-instruct task")
+
+
 @needs_data
 def test_alpaca_eval_draws_200_deterministically_without_empty_references():
     raw = json.loads((DATA / "prompts" / "alpaca_eval_davinci003.json").read_text(encoding="utf-8"))

@@ -88,7 +88,7 @@ def test_sharegpt_first_human_turn_and_bad_entries(tmp_path):
             {"id": "c", "conversations": [{"from": "system", "value": "sys"},
                                           {"from": "human", "value": "second"}]}]
     path = write(tmp_path, "sg.json", json.dumps(data))
-    with pytest.raises(ValueError, match=r"sg\.json:entry 1: no human turn"):
+    with pytest.raises(ValueError, match=r"sg\.json:entry 2 \(id 'b'\): no human turn"):
         load_trace("sharegpt", path, tokenizer=CharTokenizer())
     t = load_trace("sharegpt", path, on_bad_row="skip", tokenizer=CharTokenizer())
     assert t.skipped == 1 and not t.has_timing
@@ -130,6 +130,54 @@ def test_a_directory_as_the_workload_path_is_a_user_error(tmp_path):
     with pytest.raises(UserError, match="is a directory"):
         with as_user_error():
             build_workload(WorkloadConfig(name="jsonl", path=str(tmp_path)), TOK, 512)
+
+
+@pytest.mark.parametrize("name", ["azure_conv", "mooncake", "jsonl", "sharegpt"])
+def test_every_workload_loader_says_its_path_is_a_directory(tmp_path, name):
+    from optladder.traffic.workload import WorkloadConfig, build_workload
+    from tests.test_workload import TOK
+
+    (tmp_path / "traces").mkdir()
+    (tmp_path / "traces" / "t.csv").write_text("")
+    with pytest.raises(IsADirectoryError) as e:  # relative, under the data root: found, but not a file
+        build_workload(WorkloadConfig(name=name, path="traces"), TOK, 512, data_root=str(tmp_path))
+    assert str(e.value).startswith(f"data file 'traces' is a directory ({tmp_path / 'traces'}), not a file")
+    assert str(e.value).endswith("(it holds t.csv)") and "not found" not in str(e.value)
+
+
+# Row numbers in errors. The trace formats have no row ids (a request's req-NNNNN counts the replayed window,
+# after sampling and sorting), so their rows are the file's lines counted from 1, header and blank lines
+# included, as an editor numbers them; a ShareGPT entry is counted from 1 too and named by its own id.
+def test_azure_and_line_trace_errors_name_the_line_an_editor_shows(tmp_path):
+    lines = [AZURE_HEADER.strip(), "2023-11-16 18:15:46.68,374,44", "", "2023-11-16 18:15:47,oops,1",
+             "2023-11-16 18:15:48,10,1"]
+    path = write(tmp_path, "az.csv", "\n".join(lines) + "\n")
+    bad = next(i for i, line in enumerate(lines, 1) if "oops" in line)
+    with pytest.raises(ValueError, match=rf"az\.csv:{bad}: ") as e:
+        load_trace("azure", path)
+    assert bad == 4 and "'oops'" in str(e.value)
+    rows = [{"timestamp": 0, "input_length": 5, "output_length": 1, "hash_ids": [1]}, None,
+            {"timestamp": 1, "input_length": 5, "output_length": 1, "hash_ids": "x"},
+            {"timestamp": 2, "input_length": 5, "output_length": 1, "hash_ids": [2]}]
+    text = "".join("\n" if r is None else json.dumps(r) + "\n" for r in rows)  # line 2 blank
+    with pytest.raises(ValueError, match=r"mc\.jsonl:3: hash_ids must be"):
+        load_trace("mooncake", write(tmp_path, "mc.jsonl", text))
+    text = jsonl([{"input_tokens": 3, "output_tokens": 1}]) + "\n" + jsonl([{"input_tokens": -3, "output_tokens": 1}])
+    with pytest.raises(ValueError, match=r"gen\.jsonl:3: negative token count"):
+        load_trace("jsonl", write(tmp_path, "gen.jsonl", text))
+
+
+def test_sharegpt_errors_count_entries_from_1_and_name_the_entry_id(tmp_path):
+    ok = {"from": "human", "value": "hi"}
+    entries = [{"id": f"conv-{i}", "conversations": [ok] if i != 3 else [{"from": "gpt", "value": "yo"}]}
+               for i in range(1, 5)]  # ids counted from 1: conv-3 is the third entry, and the bad one
+    path = write(tmp_path, "sg.json", json.dumps(entries))
+    with pytest.raises(ValueError) as e:
+        load_trace("sharegpt", path, tokenizer=CharTokenizer())
+    assert str(e.value).startswith(f"{path}:entry 3 (id 'conv-3'): no human turn in the conversation")
+    entries[2].pop("id")
+    with pytest.raises(ValueError, match=re.escape(f"{path}:entry 3: no human turn")):
+        load_trace("sharegpt", write(tmp_path, "sg.json", json.dumps(entries)), tokenizer=CharTokenizer())
 
 
 def test_resolve_data_path(tmp_path, monkeypatch):
@@ -264,13 +312,13 @@ def test_sharegpt_bad_entries_say_what_is_wrong(tmp_path):
                {"id": "b", "conversations": [{"from": "gpt", "value": "hello"}]},
                {"id": "c", "conversations": [{"from": "human", "value": "xy"}, {"from": "gpt", "value": 5}]}]
     path = write(tmp_path, "s.json", json.dumps(entries))
-    with pytest.raises(ValueError, match=re.escape("s.json:entry 1: expected an object with a 'conversations' list")):
+    with pytest.raises(ValueError, match=re.escape("s.json:entry 2: expected an object with a 'conversations' list")):
         load_trace("sharegpt", path, tokenizer=CharTokenizer())
     t = load_trace("sharegpt", path, on_bad_row="skip", tokenizer=CharTokenizer())
     assert t.skipped == 2 and [(r.input_len, r.output_len, r.output_text) for r in t.rows] == [(2, 0, None),
                                                                                              (2, 0, None)]
     entries[1] = {"id": "b2", "conversations": [{"from": "gpt", "value": "hello"}]}
-    with pytest.raises(ValueError, match=re.escape("no human turn in conversation 'b2'")):
+    with pytest.raises(ValueError, match=re.escape("s2.json:entry 2 (id 'b2'): no human turn in the conversation")):
         load_trace("sharegpt", write(tmp_path, "s2.json", json.dumps(entries)), tokenizer=CharTokenizer())
 
 
@@ -381,11 +429,12 @@ def test_sharegpt_turn_roles_and_counts(tmp_path):
                       TraceRow(0.0, 3, 1, prompt_text="abc", output_text="d"),
                       TraceRow(0.0, 1, 0, prompt_text="q")]
     assert (t.skipped, t.has_timing) == (2, False)
-    for conv, why in ((convs[3], "no human turn in conversation 'x7'"), (convs[4], "no human turn in conversation '?'")):
+    for conv, where in ((convs[3], "entry 2 (id 'x7')"), (convs[4], "entry 2")):
         path = write(tmp_path, "bad.json", json.dumps([convs[1], conv]))
         with pytest.raises(ValueError) as e:
             load_trace("sharegpt", path, tokenizer=CharTokenizer())
-        assert str(e.value) == f"{path}:entry 1: {why} (workload.on_bad_row=skip skips such rows)"
+        assert str(e.value) == (f"{path}:{where}: no human turn in the conversation "
+                                f"(workload.on_bad_row=skip skips such rows)")
     cases = ((write(tmp_path, "out.json", json.dumps([convs[1]])), "sharegpt", "output"),  # the reply is counted first
              (write(tmp_path, "in.json", json.dumps([convs[2]])), "sharegpt", "prompt"),
              (write(tmp_path, "in.jsonl", jsonl([{"prompt": "a", "output_tokens": 1}] * 2)), "jsonl", "prompt"))

@@ -54,12 +54,13 @@ def test_chat_jsonl_keeps_every_turn_and_scores_the_last(tmp_path):
 @pytest.mark.parametrize("text, where, needle", [
     ('{"id": "a", "prompt": "x", "references": ["y"]}\n{"id": "b", "prompt": "x" "references": ["y"]}\n',
      ":2:", "not valid JSON"),
-    ('{"id": "a", "prompt": "x", "references": []}\n', ":1:", "references must be"),
-    ('{"id": "a", "messages": [{"role": "user", "content": "q"}]}\n', ":1:", "must end with the assistant"),
-    ('{"id": "a", "prompt": [{"role": "robot", "content": "q"}], "references": ["r"]}\n', ":1:", "message 0"),
+    ('{"id": "a", "prompt": "x", "references": []}\n', ":1 (id 'a'):", "references must be"),
+    ('{"id": "a", "messages": [{"role": "user", "content": "q"}]}\n', ":1 (id 'a'):", "must end with the assistant"),
+    ('{"id": "a", "prompt": [{"role": "robot", "content": "q"}], "references": ["r"]}\n', ":1 (id 'a'):",
+     "message 0"),
     ('{"id": "a", "prompt": "x", "references": ["y"]}\n{"id": "a", "prompt": "z", "references": ["y"]}\n',
-     ":2:", "duplicate id 'a'"),
-    ('{"question": "x"}\n', ":1:", "'instruction' \\+ 'output'"),
+     ":2 (id 'a'):", "duplicate id 'a'"),
+    ('{"question": "x"}\n', ":1 (id 'set-00001'):", "'instruction' \\+ 'output'"),
     ('[{"instruction": "x", "output": "y"},\n {"instruction": "z", "output": }]', ":2:", "not valid JSON"),
     ('{\n  "rows": [{"instruction": "x", "output": "y"}]\n}\n', ":", "one JSON object"),
 ])
@@ -122,7 +123,7 @@ def test_alpaca_errors_count_rows_as_the_ids_do(tmp_path):
             {"instruction": "Say hi.", "output": "Hi."}]
     path = tmp_path / "alpaca_data.json"
     path.write_text(json.dumps(rows))
-    with pytest.raises(ValueError, match=f"^{path}:entry 2: "):  # the second row, the one that would be -00002
+    with pytest.raises(ValueError, match=f"^{path}:entry 2 \\(id 'alpaca_data-00002'\\): "):  # the second row
         user_set(path)
     assert [it.id for it in user_set(path, on_bad_row="skip")] == ["alpaca_data-00001", "alpaca_data-00003"]
 
@@ -134,3 +135,28 @@ def test_rows_skipped_by_on_bad_row_skip_are_counted_for_the_run(tmp_path):
     path.write_text('{"id": "a", "prompt": "p", "references": ["r"]}\n{"id": "b", "prompt": "p"}\n{"nope": 1}\n')
     assert skipped_rows(QualityConfig(name="jsonl", path=str(path), on_bad_row="skip")) == 2
     assert skipped_rows(QualityConfig(name="builtin")) == 0
+
+
+def test_jsonl_errors_name_the_line_and_the_id_it_gets(tmp_path):
+    # a blank line: the bad row is on line 4 of the file, and the third row, so its id is set-00003
+    rows = ['{"prompt": "a", "references": ["b"]}', '{"prompt": "c", "references": ["d"]}', "",
+            '{"prompt": "e", "references": []}', '{"prompt": "f", "references": ["g"]}']
+    path = tmp_path / "set.jsonl"
+    path.write_text("\n".join(rows) + "\n")
+    with pytest.raises(ValueError) as e:
+        user_set(path)
+    assert str(e.value).startswith(f"{path}:4 (id 'set-00003'): references must be")
+    assert [it.id for it in user_set(path, on_bad_row="skip")] == ["set-00001", "set-00002", "set-00004"]
+
+
+def test_a_directory_as_quality_path_says_so(tmp_path):
+    from optladder.experiments.errors import UserError, as_user_error
+
+    (tmp_path / "mine.jsonl").write_text("")
+    with pytest.raises(UserError) as e:
+        with as_user_error():
+            user_set(tmp_path)
+    assert str(e.value) == (f"quality.path {str(tmp_path)!r} is a directory ({tmp_path}), not a file: give the "
+                            f"path of the file itself (it holds mine.jsonl)")
+    with pytest.raises(FileNotFoundError, match="prompt set not found"):  # nothing there is still 'not found'
+        user_set(tmp_path / "nope.jsonl")

@@ -18,6 +18,7 @@ from typing import Any, Optional
 
 import numpy as np
 
+from optladder.paths import refuse_directory
 from optladder.quality.item import PromptItem
 from optladder.quality.user_sets import ON_BAD_ROW, read_rows, read_user_set
 
@@ -117,6 +118,7 @@ def _data_file(data_root: str | None, rel: str, name: str) -> Path:
         raise FileNotFoundError(f"quality={name} reads {rel} under a data root, and none is set: "
                                 f"{_HOW_TO_SET_ROOT}")
     path = Path(root).expanduser() / rel
+    refuse_directory(f"quality={name}'s file {rel!r}", path)
     if not path.is_file():
         raise FileNotFoundError(f"quality={name}: {path} not found (data root {root}); {_HOW_TO_SET_ROOT}")
     return path
@@ -126,6 +128,11 @@ def _alpaca_eval(path: Path, num_prompts: int, seed: int) -> list[PromptItem]:
     rows = [row for _, _, row in read_rows(path)]
     # two davinci-003 outputs are empty: a prompt without a reference cannot be scored
     usable = [i for i, r in enumerate(rows) if isinstance(r, dict) and str(r.get("output", "")).strip()]
+    for i in usable:
+        if not isinstance(rows[i].get("instruction"), str) or not rows[i]["instruction"].strip():
+            # ids count from 0 (alpaca_eval-000 is entry 1): the message names both
+            raise ValueError(f"{path}:entry {i + 1} (id 'alpaca_eval-{i:03d}'): instruction must be non-empty "
+                             f"text; is it AlpacaEval's file?")
     if num_prompts > len(usable):
         raise ValueError(f"quality.num_prompts={num_prompts} exceeds alpaca_eval's "
                          f"{len(usable)} usable prompts")
@@ -147,6 +154,8 @@ def _self_instruct(path: Path) -> list[PromptItem]:
             text = row["instruction"] + ("\n\n" + inst["input"] if inst["input"].strip() else "")
             items.append(PromptItem(row["id"], text, [inst["output"]], row.get("motivation_app", "")))
         except (KeyError, IndexError, TypeError, AttributeError) as e:
-            raise ValueError(f"{path}:{where}: not a self-instruct task ({type(e).__name__}: {e}); want id, "
-                             f"instruction, instances[0].input and .output") from None
+            own = row.get("id") if isinstance(row, dict) else None  # the file's own ids count from 0
+            named = f" (id {own!r})" if own is not None else ""
+            raise ValueError(f"{path}:{where}{named}: not a self-instruct task ({type(e).__name__}: {e}); want "
+                             f"id, instruction, instances[0].input and .output") from None
     return items

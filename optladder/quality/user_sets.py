@@ -9,8 +9,9 @@
   through the model's chat template whole, so multi-turn prompts keep their history.
 
 The file is JSONL (one row a line) or one JSON list of rows. Every row is checked before anything runs:
-a bad one names the file and line (JSONL) or entry (JSON list), unless `on_bad_row=skip` skips and
-counts it. Rows without an id are named `<file stem>-<position>`.
+a bad one names the file and line (JSONL) or entry (JSON list, counted from 1), and its id, unless
+`on_bad_row=skip` skips and counts it. Rows without an id are named `<file stem>-<position>`, the position
+counted from 1 over the rows (blank lines of a JSONL file not counted), so the id says which row it is.
 """
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ import json
 from pathlib import Path
 from typing import Any, Iterator
 
+from optladder.paths import refuse_directory
 from optladder.quality.item import PromptItem
 
 ROLES = ("system", "user", "assistant")
@@ -30,21 +32,24 @@ class BadRow(Exception):
 
 def read_user_set(path: Path, on_bad_row: str = "error") -> tuple[list[PromptItem], int]:
     """(the prompts in file order, rows skipped)."""
+    refuse_directory(f"quality.path {str(path)!r}", path)
     if not path.is_file():
         raise FileNotFoundError(f"quality.path: prompt set not found: {path}")
     items: list[PromptItem] = []
     seen: set[str] = set()
     skipped = 0
     for where, pos, raw in read_rows(path):
+        default_id = f"{path.stem}-{pos:05d}"
         try:
-            item = parse_row(raw, f"{path.stem}-{pos:05d}")
+            item = parse_row(raw, default_id)
             if item.id in seen:
                 raise BadRow(f"duplicate id {item.id!r}")
         except BadRow as e:
             if on_bad_row == "skip":
                 skipped += 1
                 continue
-            raise ValueError(f"{path}:{where}: {e} (quality.on_bad_row=skip skips such rows)") from None
+            raise ValueError(f"{path}:{where} (id {row_id(raw, default_id)!r}): {e} "
+                             f"(quality.on_bad_row=skip skips such rows)") from None
         seen.add(item.id)
         items.append(item)
     if not items:
@@ -88,6 +93,13 @@ def _one_json_object(text: str) -> bool:
         return isinstance(json.loads(text), dict)
     except json.JSONDecodeError:
         return False
+
+
+def row_id(row: Any, default_id: str) -> str:
+    """The id a row names itself by, else the one it gets from its position: what its error calls it."""
+    rid = row.get("id") if isinstance(row, dict) else None
+    valid = isinstance(rid, (str, int)) and not isinstance(rid, bool) and str(rid) != ""
+    return str(rid) if valid else default_id
 
 
 def parse_row(row: Any, default_id: str) -> PromptItem:

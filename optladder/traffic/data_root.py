@@ -5,8 +5,9 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from optladder.paths import refuse_directory
+
 DATA_ENV = "OPTLADDER_DATA"
-MAX_LISTED = 5  # files of a directory named where a file was wanted
 
 
 def resolve_data_path(path: str, data_root: str | None) -> Path:
@@ -16,12 +17,7 @@ def resolve_data_path(path: str, data_root: str | None) -> Path:
     p = Path(path).expanduser()
     root = None if p.is_absolute() else (data_root or os.environ.get(DATA_ENV))
     full = Path(root).expanduser() / p if root else p
-    if full.is_dir():  # found, but a folder: setting the data root would not help
-        inside = sorted(c.name for c in full.iterdir() if c.is_file())
-        holds = (f"it holds {', '.join(inside[:MAX_LISTED])}{', ...' if len(inside) > MAX_LISTED else ''}"
-                 if inside else "it holds no files")
-        raise IsADirectoryError(f"data file {path!r} is a directory ({full}), not a file: give the path of the "
-                                f"file itself ({holds})")
+    refuse_directory(f"data file {path!r}", full)  # found, but a folder: setting the data root would not help
     if not full.is_file():
         searched = f"data root {root!r}" if root else ("no data root (absolute path)" if p.is_absolute()
                                                         else "no data root set, so the current directory")

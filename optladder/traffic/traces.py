@@ -15,7 +15,8 @@ Formats (`load_trace(kind, ...)`):
   The first human turn is the prompt; the turn after it (from gpt/assistant), where there is one, the
   output. No timing; `output_len` is 0 when the entry has no reply.
 
-Bad input: a malformed row (or one with a negative token count) stops the load naming file and line,
+Bad input: a malformed row (or one with a negative token count) stops the load naming file and line
+(lines counted from 1; a ShareGPT entry as `entry N`, also from 1, with its own `id` where it has one),
 unless `on_bad_row="skip"`, which skips and counts it. Rows out of time order are sorted and counted
 (`reordered`: rows earlier than some row before them in the file); the caller warns.
 """
@@ -148,8 +149,9 @@ def _read_sharegpt(path: Path) -> Iterator[tuple[str, Any]]:
         raise ValueError(f"{path}:{e.lineno}:{e.colno}: not valid JSON ({e.msg})") from None
     if not isinstance(data, list):
         raise ValueError(f"{path}: expected a JSON list of conversations, got {type(data).__name__}")
-    for i, entry in enumerate(data):
-        yield f"entry {i}", entry
+    for i, entry in enumerate(data, 1):  # counted from 1, as lines are; the entry's own id beside it
+        own = entry.get("id") if isinstance(entry, dict) else None
+        yield f"entry {i}" + (f" (id {own!r})" if own is not None else ""), entry
 
 
 # --- builders: raw row -> (timestamp in ns or None, TraceRow) ---
@@ -210,7 +212,7 @@ def _sharegpt_row(entry: Any, tok: Any) -> tuple[None, TraceRow]:
             n_out = 0 if reply is None else _count_tokens(reply, tok, "output")
             return None, TraceRow(0.0, _count_tokens(t["value"], tok, "prompt"), n_out,
                                   prompt_text=t["value"], output_text=reply)
-    raise _BadRow(f"no human turn in conversation {entry.get('id', '?')!r}")
+    raise _BadRow("no human turn in the conversation")
 
 
 def _count_tokens(text: str, tokenizer: Any, what: str) -> int:
