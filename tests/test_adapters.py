@@ -83,12 +83,25 @@ def test_piecewise_graphs_map_to_vllms_full_and_piecewise_mode():
 
 
 @pytest.mark.parametrize("on", [False, True])
-def test_chunked_prefill_maps_both_ways_and_vllm_fuses_always_on_cuda(on):
+def test_chunked_prefill_maps_both_ways(on):
     L = launch("cuda", paged_kv=True, dynamic_batching=True, chunked_prefill=on, block_size=16)
     assert ("--enable-chunked-prefill" in L.args) == on and ("--no-enable-chunked-prefill" in L.args) != on
     eff = L.opts_effective
     assert eff["chunked_prefill"]["state"] == MAPPED and eff["chunked_prefill"]["on"] is on
-    assert eff["fused_kernels"]["state"] == ALWAYS_ON and eff["fused_kernels"]["on"] is True
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+@pytest.mark.parametrize("fused", [False, True])
+def test_fused_kernels_is_torch_compile_both_ways_in_one_compilation_config(device, fused):
+    """Off: vLLM eager (compilation mode NONE); on: vLLM's own default (torch.compile), the ladder's second rung."""
+    graphs = device == "cuda"
+    L = launch(device, fused_kernels=fused, cuda_graphs=graphs, block_size=16 if graphs else 128)
+    eff = L.opts_effective["fused_kernels"]
+    assert eff["state"] == MAPPED and eff["on"] is fused and eff["requested"] is fused
+    assert L.args.count("--compilation-config") == (1 if graphs or not fused else 0)
+    cc = json.loads(flag(L.args, "--compilation-config")) if "--compilation-config" in L.args else {}
+    assert ("mode" in cc) is not fused and cc.get("mode", "NONE") == "NONE"
+    assert cc.get("cudagraph_mode") == ("FULL_DECODE_ONLY" if graphs else None)
     with pytest.raises(ValueError, match=r"no mapping for opt\(s\) \['skinny_gemm'\]"):
         launch("cuda", fused_kernels=True, skinny_gemm=True, block_size=16)
 
@@ -168,17 +181,21 @@ def test_vllms_own_parser_accepts_our_arguments():
                        "s", "127.0.0.1", 8123, ["--load-format", "dummy"])  # a 70B shape on two GPUs
     sets = [launch().args, launch("cuda", flash_attn=True, cuda_graphs=True, block_size=16).args,
             launch(kv_cache_gb=0.5, paged_kv=True, prefix_cache=True, speculative=SpeculativeConfig("ngram")).args,
-            tp2.args]
+            tp2.args, launch(fused_kernels=True).args]
     code = ("import json, sys\nfrom vllm.entrypoints.launchers.cli_args import make_arg_parser\n"
             "from vllm.utils.argparse_utils import FlexibleArgumentParser\n"
             "p = make_arg_parser(FlexibleArgumentParser())\n"
             "for a in json.loads(sys.argv[1]):\n    ns = p.parse_args(['--model', *a])\n"
+            "    cc = ns.compilation_config\n"
             "    print(ns.block_size, ns.enable_prefix_caching, ns.dtype, ns.tensor_parallel_size, ns.load_format,\n"
-            "          (ns.speculative_config or {}).get('method'))\n")
+            "          (ns.speculative_config or {}).get('method'), cc.mode, cc.cudagraph_mode)\n")
     out = subprocess.run([str(VLLM_PY), "-c", code, json.dumps(sets)], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
-    assert out.stdout.split("\n")[:4] == ["128 False float32 1 auto None", "16 False bfloat16 1 auto None",
-                                           "128 True float32 1 auto ngram", "16 False bfloat16 2 dummy None"]
+    # fused_kernels off: compilation mode NONE (0, eager), parsed into vLLM's own CompilationConfig
+    assert out.stdout.split("\n")[:5] == ["128 False float32 1 auto None 0 None",
+                                           "16 False bfloat16 1 auto None 0 FULL_DECODE_ONLY",
+                                           "128 True float32 1 auto ngram 0 None", "16 False bfloat16 2 dummy None 0 NONE",
+                                           "128 False float32 1 auto None None None"]  # on: vLLM's own default
 
 
 # --- the launcher: a fake `vllm serve` run by engine.server.python ---
@@ -210,7 +227,8 @@ def fake_python(tmp_path: Path, body: str) -> str:
 def model_dir(tmp_path: Path) -> ModelConfig:
     d = tmp_path / "model"
     d.mkdir()
-    (d / "config.json").write_text(json.dumps({"vocab_size": 100, "hidden_size": 64, "intermediate_size": 128,
+    # head_dim 32: one that vLLM's CPU attention takes (optladder/backends/vllm_env.py)
+    (d / "config.json").write_text(json.dumps({"vocab_size": 100, "hidden_size": 128, "intermediate_size": 128,
                                                "num_hidden_layers": 2, "num_attention_heads": 4, "rms_norm_eps": 1e-5,
                                                "max_position_embeddings": 4096, "num_key_value_heads": 2}))
     return ModelConfig(name="fake", source="hf_dir", path=str(d), tokenizer="smollm2")

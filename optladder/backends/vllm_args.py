@@ -77,7 +77,7 @@ def opt_mappings(cfg: EngineConfig, device_type: str) -> list[OptMapping]:
                    "prompts and decodes in one step (it has no prompt-only steps), it only stops cutting prompts",
                    ["--enable-chunked-prefill" if cfg.chunked_prefill else "--no-enable-chunked-prefill"]),
     ]
-    # quant_fp8 is CUDA only: refused on a CPU with the other CUDA-only opts (optladder/engine/validation.py)
+    # quant_fp8 and kv_fp8 on a CPU: refused where vLLM's CPU kernels cannot run them (optladder/backends/vllm_env.py)
     maps.append(OptMapping("quant_fp8", "quant_fp8" in want, MAPPED, cfg.quant_fp8,
                            "--quantization fp8 when on (vLLM quantizes the checkpoint's weights to FP8 E4M3 as they "
                            "load, with its own scales; ours: one per output channel); off: the checkpoint's dtype",
@@ -94,7 +94,10 @@ def opt_mappings(cfg: EngineConfig, device_type: str) -> list[OptMapping]:
             OptMapping("cuda_graphs", False, FIXED, False,
                        "vLLM's CPU platform captures no graphs (it empties cudagraph_capture_sizes)"),
             OptMapping("piecewise_graphs", False, FIXED, False, "vLLM's CPU platform captures no graphs"),
-            OptMapping("fused_kernels", False, FIXED, False, "a GPU opt: vLLM's CPU kernels are its own"),
+            OptMapping("fused_kernels", "fused_kernels" in want, MAPPED, cfg.fused_kernels,
+                       "torch.compile when on (vLLM's CPU default: Dynamo traced once, Inductor's C++ kernels); "
+                       "compilation_config.mode NONE (eager) when off",
+                       compile_args(cfg.fused_kernels, None), extra={"compilation_mode": compile_mode(cfg.fused_kernels)}),
         ]
     else:
         attn = CUDA_ATTENTION[cfg.flash_attn]
@@ -106,18 +109,32 @@ def opt_mappings(cfg: EngineConfig, device_type: str) -> list[OptMapping]:
                        extra={"backend": attn}),
             OptMapping("cuda_graphs", "cuda_graphs" in want, MAPPED, cfg.cuda_graphs,
                        "compilation_config.cudagraph_mode FULL_DECODE_ONLY when on (FULL_AND_PIECEWISE with "
-                       "piecewise_graphs), NONE when off (torch.compile stays on either way; --enforce-eager in "
-                       "engine.server.extra_args turns both off)",
-                       ["--compilation-config", json.dumps({"cudagraph_mode": mode})], extra={"cudagraph_mode": mode}),
+                       "piecewise_graphs), NONE when off (whether torch.compile runs is fused_kernels')",
+                       compile_args(cfg.fused_kernels, mode), extra={"cudagraph_mode": mode}),
             OptMapping("piecewise_graphs", "piecewise_graphs" in want, MAPPED, cfg.piecewise_graphs,
                        "with cuda_graphs, compilation_config.cudagraph_mode FULL_AND_PIECEWISE when on (piecewise "
                        "graphs around attention for the steps with prompt tokens), FULL_DECODE_ONLY when off",
                        extra={"cudagraph_mode": mode}),
-            OptMapping("fused_kernels", "fused_kernels" in want, ALWAYS_ON, True,
-                       "torch.compile (Inductor) fuses vLLM's element-wise work whatever our switch says; only "
-                       "--enforce-eager in engine.server.extra_args turns it off"),
+            OptMapping("fused_kernels", "fused_kernels" in want, MAPPED, cfg.fused_kernels,
+                       "torch.compile when on (vLLM's default, VLLM_COMPILE: Inductor fuses its element-wise work); "
+                       "compilation_config.mode NONE (eager) when off; in cuda_graphs' --compilation-config",
+                       extra={"compilation_mode": compile_mode(cfg.fused_kernels)}),
         ]
     return maps
+
+
+def compile_mode(fused: bool) -> str:
+    """vLLM's compilation_config.mode for our fused_kernels: its own default (torch.compile) on, NONE off."""
+    return "default" if fused else "NONE"
+
+
+def compile_args(fused: bool, cudagraph_mode: str | None) -> list[str]:
+    """The one --compilation-config of a launch: mode NONE (eager) without fused_kernels, vLLM's default
+    (torch.compile) with it; on CUDA the cudagraph_mode too (FULL_DECODE_ONLY needs no compiled graph)."""
+    cc = {} if fused else {"mode": "NONE"}
+    if cudagraph_mode is not None:
+        cc["cudagraph_mode"] = cudagraph_mode
+    return ["--compilation-config", json.dumps(cc)] if cc else []
 
 
 def speculative_mapping(cfg: EngineConfig, requested: bool) -> OptMapping:

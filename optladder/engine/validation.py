@@ -5,6 +5,14 @@ from optladder.engine.config import DEVICES, DTYPES, ENGINES, PLANTS, EngineConf
 from optladder.engine.opts import OPTS, enabled_opts
 
 
+# engine=vllm: what vLLM cannot switch off (paged KV, continuous batching, batched detokenization) is in effect
+# whatever our config says, so it meets the needs of the opts built on it (prefix_cache needs paged_kv) unasked;
+# and two opts that are CUDA-only in the reference engine run on vLLM's CPU platform too: torch.compile
+# (fused_kernels) and, with AMX, FP8 weights. optladder/backends/vllm_env.py decides those by the CPU's features.
+ALWAYS_ON = {"vllm": ("paged_kv", "dynamic_batching", "batched_decode")}
+NOT_CUDA_ONLY = {"vllm": ("fused_kernels", "quant_fp8")}
+
+
 def validate_engine(cfg: EngineConfig, device_type: str) -> None:
     """device_type: 'cpu' or 'cuda', as resolved from engine.device."""
     _one_of("engine.name", cfg.name, ENGINES)
@@ -36,9 +44,9 @@ def validate_engine(cfg: EngineConfig, device_type: str) -> None:
         if not getattr(cfg, spec.field):
             continue
         for need in spec.needs:
-            if not getattr(cfg, OPTS[need].field):
+            if not getattr(cfg, OPTS[need].field) and need not in ALWAYS_ON.get(cfg.name, ()):
                 raise ValueError(f"opt {spec.name} needs {need}: use '+opt=[{need},{spec.name}]'")
-        if spec.cuda_only and device_type != "cuda":
+        if spec.cuda_only and device_type != "cuda" and spec.name not in NOT_CUDA_ONLY.get(cfg.name, ()):
             raise ValueError(f"opt {spec.name} runs on CUDA only, but the engine runs on {device_type}: "
                              f"drop +opt={spec.name} or run on a GPU (engine.device=cuda)")
     on = enabled_opts(cfg)
