@@ -4,6 +4,7 @@ memory, stage timings and which opts were really in effect. One class per engine
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from typing import Callable, Protocol
 
 from tqdm import tqdm
@@ -265,11 +266,11 @@ class VLLMBackend(_HttpBackend):
 
     name = "vllm"
 
-    def __init__(self, model_cfg: ModelConfig, engine_cfg: EngineConfig):
+    def __init__(self, model_cfg: ModelConfig, engine_cfg: EngineConfig, log_dir: Path | None = None):
         from optladder.backends.vllm_server import VLLMServer
 
         super().__init__(model_cfg, engine_cfg)
-        self.server = VLLMServer(model_cfg, engine_cfg)
+        self.server = VLLMServer(model_cfg, engine_cfg, log_dir)  # log_dir: the run's, so a failed start leaves it there
         self.start_s = self.server.start_s
 
     def replay(self, requests, cfg, pacing, on_record):
@@ -304,7 +305,9 @@ class OpenAIBackend(_HttpBackend):
 
 
 def make_backend(model_cfg: ModelConfig, engine_cfg: EngineConfig, driver: str = "inprocess",
-                 faults: FaultConfig | None = None) -> Backend:
+                 faults: FaultConfig | None = None, log_dir: Path | None = None) -> Backend:
+    """log_dir: where a server-backed engine (vllm) writes its server's log, e.g. the run directory (None: a
+    temporary directory, named in the log and in the error of a server that fails to start)."""
     name = engine_cfg.name
     tp = engine_cfg.server.tensor_parallel_size
     if tp != 1 and name != "vllm":
@@ -321,7 +324,7 @@ def make_backend(model_cfg: ModelConfig, engine_cfg: EngineConfig, driver: str =
     if name == "hf":
         return HFBackend(model_cfg, engine_cfg, driver)
     if name == "vllm":
-        return VLLMBackend(model_cfg, engine_cfg)
+        return VLLMBackend(model_cfg, engine_cfg, log_dir)
     if name == "openai":
         return OpenAIBackend(model_cfg, engine_cfg)
     raise ValueError(f"engine.name={name!r} is not one of {list(ENGINES)}")

@@ -58,11 +58,15 @@ def visible_gpus() -> int:
 
 class VLLMServer:
     def __init__(self, model_cfg: ModelConfig, engine_cfg: EngineConfig, log_dir: Path | None = None):
+        from optladder.backends.vllm_env import check_switches, known_version
         from optladder.engine.validation import validate_engine
 
         dev = device_type(engine_cfg)
-        validate_engine(engine_cfg, dev)
         srv = engine_cfg.server
+        # what this vLLM cannot run on this device and model, refused before it starts (the version is the one the
+        # preflight's probe found: optladder/experiments/preflight.py)
+        check_switches(engine_cfg, _head_dim(model_cfg), dev, known_version(vllm_python(srv)))
+        validate_engine(engine_cfg, dev)
         self.model = srv.served_model_name or model_cfg.name
         self.max_model_len = engine_cfg.max_model_len
         check_tensor_parallel(srv.tensor_parallel_size, dev, visible_gpus() if dev == "cuda" else 0)
@@ -167,6 +171,15 @@ def _rss(p: psutil.Process) -> int:
         return p.memory_info().rss
     except psutil.Error:
         return 0
+
+
+def _head_dim(model_cfg: ModelConfig) -> int | None:
+    from optladder.engine.loader import model_shape
+
+    try:
+        return model_shape(model_cfg).head_dim
+    except (OSError, ValueError, KeyError):
+        return None  # vLLM reads the model itself and says what is wrong with it
 
 
 def _kv_bytes_per_token(model_cfg: ModelConfig, dtype: str) -> int | None:

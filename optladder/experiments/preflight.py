@@ -44,6 +44,7 @@ def prepare(conf) -> Prepared:
     with as_user_error():
         if conf.engine.name == "reference":  # the other engines check their settings where they start
             validate_engine(conf.engine, resolve_device(conf.engine.device).type)
+        vllm = check_vllm_install(conf.engine) if conf.engine.name == "vllm" else None  # first: it costs 0.1 s
         validate_levels(list(conf.replay.load_levels), conf.workload.arrival)
         if conf.profile is not None and (conf.engine.name not in PROFILED_ENGINES or conf.replay.driver != "inprocess"):
             raise ValueError(f"+profile={conf.profile.name} traces an engine in this process: engine="
@@ -51,7 +52,11 @@ def prepare(conf) -> Prepared:
                              f"{conf.engine.name} with replay.driver={conf.replay.driver}")
         items = load_prompt_set(conf.quality, conf.data.root)  # first: it needs no tokenizer
         skipped = skipped_rows(conf.quality)
-        model_shape(conf.model)  # the model's files: config.json read (a packaged model converted once)
+        shape = model_shape(conf.model)  # the model's files: config.json read (a packaged model converted once)
+        if vllm is not None:  # what that vLLM cannot run on this device and model, before a server starts
+            from optladder.backends.vllm_env import check_switches
+
+            check_switches(conf.engine, shape.head_dim, resolve_device(conf.engine.device).type, vllm.version)
         tokenizer = load_tokenizer(conf.model)
         workload = build_workload(conf.workload, tokenizer, conf.engine.max_model_len, conf.data.root)
         prompt_ids = [chat_token_ids(tokenizer, it.chat()) for it in items]
@@ -66,6 +71,17 @@ def prepare(conf) -> Prepared:
     log.info("data checked in %.1f s: %d requests (%s), %d quality prompts, max_new_tokens %d",
              time.perf_counter() - t0, len(workload.requests), workload.source, len(items), max_new)
     return Prepared(tokenizer, workload, items, prompt_ids, max_new, warnings, skipped)
+
+
+def check_vllm_install(engine):
+    """engine=vllm: the interpreter that will run `vllm serve` finds vLLM, or a one-line ValueError saying how
+    to get it, before any data loads or server starts (not, minutes later, the server's ModuleNotFoundError)."""
+    from optladder.backends.vllm_env import check_install, probe
+    from optladder.backends.vllm_server import VLLM_VENV_PYTHON, vllm_python
+
+    install = probe(vllm_python(engine.server))
+    check_install(install, engine.server, str(VLLM_VENV_PYTHON))
+    return install
 
 
 def skipped_rows(quality) -> int:
