@@ -147,3 +147,43 @@ def run_noise_from_aa(log_ratios: list[float]) -> tuple[float, int]:
     if d.size == 0:
         raise ValueError("no A/A pairs to measure run noise from")
     return float(np.sqrt(np.mean(d ** 2))), int(d.size)
+
+
+def block_interval(control: list[np.ndarray], candidate: list[np.ndarray], q: float | None, alpha: float = 0.05,
+                   n_boot: int = 2000, seed: int = 0) -> PairInterval:
+    """Relative change of the q-quantile (mean: q=None) of candidate vs control in a switchback
+    (optladder/experiments/switchback.py): block b's requests replayed on both arms back to back, control[b] and
+    candidate[b] their latencies, request i the same request in both. The change is that of the pooled statistic
+    (every block's requests together); its SE comes from resampling whole blocks (a cluster bootstrap, scaled by
+    sqrt(B / (B - 1)) for the few clusters), and the interval is a t interval with B - 1 df: the block is the unit
+    of replication, so what drifts between blocks and what differs between their requests are both in it.
+    pair_log_ratios holds each block's own log ratio (to look at); run_sd is SE x sqrt(B), so that
+    power() reads the blocks as pairs."""
+    blocks = len(control)
+    if blocks != len(candidate) or blocks < 2:
+        raise ValueError(f"a switchback interval needs the same >= 2 blocks in both arms, got {len(control)} and "
+                         f"{len(candidate)}")
+    c = [np.asarray(x, dtype=np.float64) for x in control]
+    k = [np.asarray(x, dtype=np.float64) for x in candidate]
+    for i, (a, b) in enumerate(zip(c, k)):
+        if a.shape != b.shape or a.ndim != 1 or a.size == 0:
+            raise ValueError(f"block {i}: the arms' latencies must be two equal non-empty vectors, got {a.shape} "
+                             f"and {b.shape}")
+        if (a <= 0).any() or (b <= 0).any() or not (np.isfinite(a).all() and np.isfinite(b).all()):
+            raise ValueError("latencies must be finite and > 0 for a log ratio")
+
+    def log_ratio(idx) -> float:
+        kk, cc = np.concatenate([k[i] for i in idx]), np.concatenate([c[i] for i in idx])
+        return float(np.log(_stat(kk, q)) - np.log(_stat(cc, q)))
+
+    d = log_ratio(range(blocks))
+    per_block = [float(np.log(_stat(k[i], q)) - np.log(_stat(c[i], q))) for i in range(blocks)]
+    rng = np.random.default_rng(seed)
+    boot = np.array([log_ratio(rng.integers(0, blocks, size=blocks)) for _ in range(n_boot)])
+    se = float(np.std(boot, ddof=1)) * math.sqrt(blocks / (blocks - 1)) if n_boot > 1 else 0.0
+    df = float(blocks - 1)
+    half = float(sps.t.ppf(1 - alpha / 2, df)) * se
+    n = int(sum(x.size for x in c))
+    return PairInterval(estimate=math.expm1(d), low=math.expm1(d - half), high=math.expm1(d + half), n=n,
+                        pairs=blocks, pair_log_ratios=per_block, request_var=0.0, run_sd=se * math.sqrt(blocks),
+                        df=df)

@@ -14,10 +14,11 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Literal
 
 import numpy as np
+from scipy import stats as sps
 
 from optladder.abtest.environment import across_runs, describe
 from optladder.abtest.gates import PAIRED_LATENCY, GateConfig, higher_is_better
-from optladder.abtest.run_pairs import _stat, align_runs, pair_interval, power, run_noise_from_aa
+from optladder.abtest.run_pairs import _stat, align_runs, block_interval, pair_interval, power, run_noise_from_aa
 from optladder.abtest.stats import Interval, bootstrap_mean_delta
 from optladder.abtest.teacher_forced import teacher_forced_checks
 from optladder.quality.near_tie import NearTieReport
@@ -48,6 +49,9 @@ class ArmResult:
     runs: list[list[RequestRecord]] = field(default_factory=list)
     teacher_forced: TeacherForcedScores | None = None
     environments: list[dict[str, Any]] = field(default_factory=list)
+    # a switchback A/B (optladder/experiments/switchback.py): the records of each block, block b of both arms
+    # being the same requests replayed back to back; empty for design=runs
+    blocks: list[list[RequestRecord]] = field(default_factory=list)
 
     def all_runs(self) -> list[list[RequestRecord]]:
         return self.runs or [self.records]
@@ -145,6 +149,8 @@ def _relative_gate(gate: str, metric: str, bound: float, control: ArmResult, can
         return GateResult(gate, metric, status, f"{head} {_pct(_rel_change(c, k))} (point values); "
                           f"{limit} -> {status}", c, k)
     kind, stat = m.groups()
+    if control.blocks and candidate.blocks:
+        return _switchback_gate(gate, metric, bound, control, candidate, cfg, kind, stat, sign, head, limit, c, k)
     ctrl_runs, cand_runs = control.all_runs(), candidate.all_runs()
     pairs = min(len(ctrl_runs), len(cand_runs))
     values, dropped = align_runs(ctrl_runs[:pairs] + cand_runs[:pairs], kind)
@@ -172,6 +178,113 @@ def _relative_gate(gate: str, metric: str, bound: float, control: ArmResult, can
     return GateResult(gate, metric, status, f"{head} {_ci(iv, cfg.alpha)} over {pairs} run pair(s) "
                       f"({dropped} requests dropped; {noise}){resolves}; {limit} -> {status}", c, k, iv, bound,
                       mde=pw.mde, pairs_to_decide=pw.pairs_to_decide)
+
+
+def _switchback_gate(gate: str, metric: str, bound: float, control: ArmResult, candidate: ArmResult,
+                     cfg: GateConfig, kind: str, stat: str, sign: float, head: str, limit: str, c: float,
+                     k: float) -> GateResult:
+    """A latency gate of a switchback A/B: the pooled requests of all blocks, the interval from resampling blocks
+    (optladder/abtest/run_pairs.py block_interval); gate.run_noise is not needed (the blocks measure their own)."""
+    if len(control.blocks) != len(candidate.blocks):
+        return GateResult(gate, metric, "inconclusive", f"{head} {_pct(_rel_change(c, k))}; the arms have "
+                          f"{len(control.blocks)} and {len(candidate.blocks)} blocks, not one pair a block", c, k)
+    ctrl, cand, dropped = [], [], 0
+    for cb, kb in zip(control.blocks, candidate.blocks):
+        values, drop = align_runs([cb, kb], kind)
+        dropped += drop
+        if values.shape[1]:
+            ctrl.append(values[0])
+            cand.append(values[1])
+    n = sum(x.size for x in ctrl)
+    if n < cfg.min_pairs or len(ctrl) < 2:
+        return GateResult(gate, metric, "inconclusive", f"{head} {_pct(_rel_change(c, k))}, but only {n} "
+                          f"requests in {len(ctrl)} blocks ok in both arms ({dropped} dropped), fewer than "
+                          f"gate.min_pairs={cfg.min_pairs} or 2 blocks", c, k)
+    q, tail = _QUANTILES[stat], ""
+    if q is not None and n * (1 - q) < MIN_TAIL_REQUESTS:
+        # the budget cannot resolve this tail (its estimate is about the largest value, and resampling blocks
+        # understates how much that moves): gated on the highest percentile it does resolve, said so
+        q_eff, name = resolvable(n, q)
+        tail = (f"; p{q * 100:g} of {n} requests has {n * (1 - q):.1f} beyond it (about their largest): gated on "
+                f"{name} instead, which {n} requests resolve ({tail_requests_needed(q)} give p{q * 100:g} "
+                f"{MIN_TAIL_REQUESTS} beyond it: workload.num_requests)")
+        q = q_eff
+    iv = block_interval(ctrl, cand, q, alpha=cfg.alpha, n_boot=cfg.n_boot, seed=cfg.seed)
+    low, high = sorted((sign * iv.low, sign * iv.high))
+    status = on_bound(low, high, bound)
+    pw = power(iv, bound, sign, cfg.alpha, status != "inconclusive")
+    resolves = f"; this run resolves changes of ±{pw.mde:.1%} (80% power)"
+    if pw.pairs_to_decide is not None:
+        resolves += (", and its estimate lies on the bound: no number of blocks would decide it"
+                     if math.isinf(pw.pairs_to_decide) else
+                     f"; about {pw.pairs_to_decide:.0f} blocks of this size (ab.blocks, more requests) would "
+                     "decide it")
+    return GateResult(gate, metric, status, f"{head} {_ci(iv, cfg.alpha)} over {n} requests in {len(ctrl)} "
+                      f"switchback blocks ({dropped} requests dropped; interval from resampling blocks){tail}"
+                      f"{resolves}; {limit} -> {status}", c, k, iv, bound, mde=pw.mde,
+                      pairs_to_decide=pw.pairs_to_decide)
+
+
+MIN_TAIL_REQUESTS = 5  # requests beyond a percentile for it to be more than the sample's few largest values
+
+
+def tail_requests_needed(q: float, tail: int = MIN_TAIL_REQUESTS) -> int:
+    """How many requests a q-quantile needs for `tail` of them to lie beyond it (p99: 500 for 5)."""
+    return math.ceil(tail / (1.0 - q) - 1e-9)
+
+
+def resolvable(n: int, q: float) -> tuple[float | None, str]:
+    """The highest of the gates' percentiles below q that n requests resolve (MIN_TAIL_REQUESTS beyond it), or
+    the mean: (quantile or None, its name)."""
+    for name, x in sorted(((k, v) for k, v in _QUANTILES.items() if v is not None), key=lambda kv: -kv[1]):
+        if x < q and n * (1 - x) >= MIN_TAIL_REQUESTS:
+            return x, name
+    return None, "the mean"
+
+
+def budget_warnings(cfg: GateConfig, requests: int, design: str, repeats: int) -> list[str]:
+    """What the latency gates cannot resolve with this budget, said before any replay: a percentile with fewer
+    than MIN_TAIL_REQUESTS requests beyond it (it is then about their maximum), and under design=runs a run noise
+    prior (gate.run_noise) that alone makes the interval wider than the bound, with the fix."""
+    out = []
+    gates = {**{m: ("latency_max_regression", b) for m, b in cfg.latency_max_regression.items()},
+             **{m: ("latency_gains", b) for m, b in cfg.latency_gains.items()}}
+    for metric, (gate, bound) in gates.items():
+        m = PAIRED_LATENCY.match(metric)
+        if m is None:
+            continue
+        q = _QUANTILES[m.group(2)]
+        if q is not None and requests * (1 - q) < MIN_TAIL_REQUESTS:
+            need = tail_requests_needed(q)
+            lower = [s for s, x in _QUANTILES.items() if x is not None and requests * (1 - x) >= MIN_TAIL_REQUESTS]
+            alt = f", or gate {metric.rsplit('_', 1)[0]}_{lower[-1]} instead" if lower else ""
+            out.append(f"gate.{gate}[{metric}] over {requests} requests: {requests * (1 - q):.1f} lie beyond "
+                       f"p{q * 100:g}, so it is about their largest value; {need} requests give it "
+                       f"{MIN_TAIL_REQUESTS} (workload.num_requests={need}){alt}")
+        prior = cfg.run_noise.get(metric)
+        if design != "runs":
+            continue
+        if prior is None and repeats < 2:
+            out.append(f"gate.{gate}[{metric}]: one run pair and no gate.run_noise[{metric}]: its interval has no "
+                       "measure of run-to-run noise and cannot decide; set ab.design=switchback, ab.repeats>=2, or "
+                       "gate.run_noise from an A/A sweep")
+            continue
+        if prior is None:
+            continue
+
+        def floor(pairs: int) -> float:  # the MDE of the run noise alone, the requests' own spread left out
+            df = cfg.run_noise_weight + pairs - 1
+            t = float(sps.t.ppf(1 - cfg.alpha / 2, df)) + float(sps.t.ppf(0.8, df))
+            return math.expm1(t * prior / math.sqrt(pairs))
+
+        if abs(bound) > 0 and floor(repeats) > abs(bound):
+            need = next((n for n in range(repeats + 1, 201) if floor(n) <= abs(bound)), None)
+            more = f"ab.repeats>={need}" if need else "more run pairs than 200"
+            out.append(f"gate.{gate}[{metric}] bound {abs(bound):.0%}: the run noise alone (gate.run_noise "
+                       f"{prior:.0%}) gives {repeats} run pair(s) a detectable effect of ±{floor(repeats):.0%} at "
+                       f"80% power, wider than the bound, so it can hardly decide; set ab.design=switchback (the "
+                       f"blocks measure their own noise) or {more}")
+    return out
 
 
 def aa_log_ratio(metric: str, first: list, again: list) -> float | None:

@@ -15,13 +15,15 @@ from omegaconf import DictConfig, OmegaConf
 from optladder.abtest.gates import GateConfig
 from optladder.abtest.lossless import arms_lossless, lossless_check, opts_in_effect_differ, teacher_forcing_covers
 from optladder.abtest.rollout import DEFAULT_REGISTRY, promote, rollout_plan
-from optladder.abtest.verdict import ArmResult, Verdict, check_same_traffic, decide, verdict_table
+from optladder.abtest.verdict import (ArmResult, Verdict, budget_warnings, check_same_traffic, decide,
+                                      verdict_table)
 from optladder.engine.loader import resolve_device
 from optladder.engine.validation import validate_engine
 from optladder.experiments.build import build, check_keys
 from optladder.experiments.errors import as_user_error
-from optladder.experiments.experiment import ExperimentResult, run_experiment
+from optladder.experiments.experiment import ExperimentResult, free_device_memory, run_experiment
 from optladder.experiments.preflight import Prepared, prepare
+from optladder.experiments.switchback import check_switchback, run_switchback, split_blocks
 from optladder.experiments.teacher_forced_run import log_to_run, run_teacher_forced
 from optladder.experiments.tracking import Tracker
 from optladder.quality.prompts import load_prompt_set, prompts_digest
@@ -84,6 +86,14 @@ def prepare_arms(arms: list[Arm]) -> None:
             check_same_traffic(_digests(first), _digests(arm))
 
 
+def prepare_switchback(arms: list[Arm], blocks: int) -> None:
+    """What a switchback of these arms cannot run, refused before any engine loads."""
+    for arm in arms:
+        with as_user_error():
+            check_switchback(build(arm.cfg))
+            split_blocks(arm.prepared.workload.requests, blocks)
+
+
 def _digests(arm: Arm) -> ArmResult:
     p = arm.prepared
     return ArmResult(arm.name, {}, [], {}, [], requests_digest(p.workload.requests), prompts_digest(p.items))
@@ -97,17 +107,6 @@ def check_rung_engines(cfgs: list[DictConfig]) -> None:
             engine = OmegaConf.to_object(cfg.engine)
             if engine.name == "reference":
                 validate_engine(engine, resolve_device(engine.device).type)
-
-
-def free_device_memory() -> None:
-    """What a finished (or failed) engine left cached on the GPU goes back to it, for the next engine."""
-    import gc
-
-    import torch
-
-    gc.collect()
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()
 
 
 def run_arms(arms: list[Arm], repeats: int, out_dir: Path, parent_run_id: str | None) -> None:
@@ -131,7 +130,7 @@ def arm_result(arm: Arm) -> ArmResult:
     first = arm.runs[0]
     return ArmResult(arm.name, dict(first.metrics), first.records, first.quality_per_prompt, first.outputs,
                      first.requests_digest, first.prompts_digest, runs=[x.records for x in arm.runs],
-                     environments=arm.environments)
+                     environments=arm.environments, blocks=list(first.blocks))
 
 
 def resolved_dtype(resolved: dict) -> str:
@@ -236,18 +235,26 @@ def run_ab(cfg: DictConfig, run_dir: Path, overrides: list[str], choices: dict) 
     control = Arm("control", [*base, *ab.control], compose_arm(base, list(ab.control)), [])
     candidate = Arm("candidate", [*base, *ab.candidate], compose_arm(base, list(ab.candidate)), [])
     prepare_arms([control, candidate])
-    with Tracker(OmegaConf.to_object(cfg.tracking), f"ab:{ab.name}", {"optladder.kind": "ab", "ab": ab.name},
-                 run_dir=run_dir) as parent:
-        run_arms([control, candidate] if ab.first == "control" else [candidate, control], ab.repeats, run_dir,
-                 parent.run_id)
+    if ab.design == "switchback":
+        prepare_switchback([control, candidate], ab.blocks)
+    budget = budget_warnings(gate, len(control.prepared.workload.requests), ab.design, ab.repeats)
+    for line in budget:  # before any replay: what this budget cannot resolve, and the fix
+        log.warning("budget: %s", line)
+    with Tracker(OmegaConf.to_object(cfg.tracking), f"ab:{ab.name}",
+                 {"optladder.kind": "ab", "ab": ab.name, "optladder.design": ab.design}, run_dir=run_dir) as parent:
+        order = [control, candidate] if ab.first == "control" else [candidate, control]
+        if ab.design == "switchback":
+            run_switchback(order, ab.blocks, run_dir, parent.run_id, progress=bool(cfg.replay.progress))
+        else:
+            run_arms(order, ab.repeats, run_dir, parent.run_id)
         verdict, cand, lossless, why = gate_pair(control, candidate, gate)
         unasked = opts_in_effect_differ(control.resolved, candidate.resolved, control.runs[0].opts_effective,
                                         candidate.runs[0].opts_effective)
         for line in unasked:
             log.warning("the arms differ in an opt they did not ask to: %s", line)
         out = {"ab": ab.name, "control": control.overrides, "candidate": candidate.overrides, "first": ab.first,
-               "repeats": ab.repeats,
-               "candidate_lossless": lossless, "lossless_reason": why, "opts_in_effect_differ": unasked,
+               "repeats": ab.repeats, "design": ab.design, "blocks": ab.blocks if ab.design == "switchback" else None,
+               "budget_warnings": budget, "candidate_lossless": lossless, "lossless_reason": why, "opts_in_effect_differ": unasked,
                **verdict.to_dict(),
                "control_run_ids": [r.run_id for r in control.runs],
                "candidate_run_ids": [r.run_id for r in candidate.runs]}
@@ -262,6 +269,8 @@ def run_ab(cfg: DictConfig, run_dir: Path, overrides: list[str], choices: dict) 
         parent.log_metrics({"verdict/exit_code": verdict.exit_code, **gate_metrics(verdict)})
         parent.set_tags({"verdict": verdict.status})
         print(verdict_table(verdict))
+        for line in budget:
+            print(f"  budget: {line}")
         for line in unasked:
             print(f"  note: the arms differ in an opt they did not ask to: {line}")
         print(f"verdict.json: {run_dir / 'verdict.json'}")

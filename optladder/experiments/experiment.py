@@ -8,7 +8,9 @@ from __future__ import annotations
 import json
 import logging
 import random
+import sys
 import time
+from contextlib import ExitStack
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -53,6 +55,8 @@ class ExperimentResult:
     # empty when none were recorded, and why in traces_unavailable
     traces: list = field(default_factory=list)
     traces_unavailable: str | None = None
+    # a switchback A/B's run (optladder/experiments/switchback.py): its records of each block, in block order
+    blocks: list = field(default_factory=list)
 
 
 def run_experiment(cfg: DictConfig, run_dir: Path, overrides: list[str] | None = None,
@@ -60,65 +64,145 @@ def run_experiment(cfg: DictConfig, run_dir: Path, overrides: list[str] | None =
                    parent_run_id: str | None = None, tags: dict[str, str] | None = None,
                    with_quality: bool = True, prepared: Prepared | None = None) -> ExperimentResult:
     """prepared: the run's data, already loaded and checked (an A/B checks both arms before either runs)."""
-    run_dir = Path(run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    with as_user_error():
-        conf = build(cfg)  # the dataclasses: unknown keys refused, each validates its own fields here
-    prepared = prepared or prepare(conf)  # every data file, before an engine starts
-    resolved = OmegaConf.to_container(cfg, resolve=True)
-    snapshot = build_snapshot(resolved, overrides or [], choices or {})
-    write_snapshot(run_dir, snapshot)
-    from optladder.engine.opts import enabled_opts
+    with ArmSession(cfg, run_dir, overrides, choices, run_name, parent_run_id, tags, with_quality,
+                    prepared) as session:
+        workload, conf = session.prepared.workload, session.conf
+        if conf.profile is not None:
+            session.backend.profile_next_replay(conf.profile, session.run_dir)
+        records = session.replay(workload.requests)
+        return session.finish(records, probes=True)
 
-    opts = enabled_opts(conf.engine)
-    tags = {**run_tags(conf, opts, snapshot["environment"], prepared.workload.stats), **(tags or {})}
-    with Tracker(conf.tracking, run_name or default_run_name(conf, opts, tags), tags, parent_run_id,
-                 run_dir) as tracker:
-        tracker.log_params(flatten(resolved))
-        if tracker.enabled:  # the workload and the prompt set as MLflow dataset inputs, by file and digest
+
+class ArmSession:
+    """One experiment held open: its run (MLflow and run directory), its engine loaded and warm. replay() may be
+    called several times (a switchback A/B plays the trace in blocks, the arms taking turns, both engines loaded
+    at once: optladder/experiments/switchback.py); finish() measures what was replayed, scores quality and
+    writes the run's results. Closing stops the engine and ends the run (FAILED when an exception left it).
+    defer_tracking: the MLflow run opens in finish(), not before the engine loads (MLflow's fluent API logs to
+    the run opened last, so two arms held open at once must not both have theirs open)."""
+
+    def __init__(self, cfg: DictConfig, run_dir: Path, overrides: list[str] | None = None,
+                 choices: dict | None = None, run_name: str | None = None, parent_run_id: str | None = None,
+                 tags: dict[str, str] | None = None, with_quality: bool = True,
+                 prepared: Prepared | None = None, defer_tracking: bool = False):
+        self.cfg, self.run_dir = cfg, Path(run_dir)
+        self.overrides, self.choices, self.run_name = overrides or [], choices or {}, run_name
+        self.parent_run_id, self.extra_tags, self.with_quality = parent_run_id, tags or {}, with_quality
+        self.prepared, self.defer_tracking = prepared, defer_tracking
+        self._stack = ExitStack()
+        self.tracker: Tracker | None = None
+        self.t_replay: float | None = None
+
+    def __enter__(self) -> "ArmSession":
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        with as_user_error():
+            self.conf = build(self.cfg)  # the dataclasses: unknown keys refused, each validates its own fields here
+        self.prepared = self.prepared or prepare(self.conf)  # every data file, before an engine starts
+        conf, prepared = self.conf, self.prepared
+        self.resolved = OmegaConf.to_container(self.cfg, resolve=True)
+        self.snapshot = build_snapshot(self.resolved, self.overrides, self.choices)
+        write_snapshot(self.run_dir, self.snapshot)
+        from optladder.engine.opts import enabled_opts
+
+        self.opts = enabled_opts(conf.engine)
+        try:
+            if not self.defer_tracking:
+                self._open_tracker()
+            with as_user_error():  # the engine refuses a setting it cannot run before its weights load
+                self.backend = make_backend(conf.model, conf.engine, conf.replay.driver, conf.faults,
+                                            log_dir=self.run_dir)  # a server's log stays with its run
+            # a server-backed engine (vLLM) must stop on every exit path, not only at process exit
+            self._stack.callback(self.backend.close)
+            self.metrics: dict[str, float] = {"perf/load_s": self.backend.load_s, "perf/start_s": self.backend.start_s}
+            workload = prepared.workload
+            self.snapshot["requests_digest"] = requests_digest(workload.requests)
+            write_snapshot(self.run_dir, self.snapshot)
+            self.metrics.update(workload.stats)
+            self.backend.warmup(warmup_requests(workload.requests[:conf.replay.warmup_requests],
+                                                len(self.backend.tokenizer)))
+        except BaseException:
+            self._stack.__exit__(*sys.exc_info())
+            raise
+        return self
+
+    def _open_tracker(self) -> None:
+        conf, prepared = self.conf, self.prepared
+        tags = {**run_tags(conf, self.opts, self.snapshot["environment"], prepared.workload.stats), **self.extra_tags}
+        self.tracker = self._stack.enter_context(
+            Tracker(conf.tracking, self.run_name or default_run_name(conf, self.opts, tags), tags,
+                    self.parent_run_id, self.run_dir))
+        self.tracker.log_params(flatten(self.resolved))
+        if self.tracker.enabled:  # the workload and the prompt set as MLflow dataset inputs, by file and digest
             for dataset in dataset_inputs(conf, prepared):
-                tracker.log_dataset(**dataset)
-        return _run(conf, run_dir, snapshot, tracker, opts, with_quality, prepared)
+                self.tracker.log_dataset(**dataset)
+
+    def __exit__(self, *exc) -> bool:
+        return bool(self._stack.__exit__(*exc))
+
+    def close(self) -> None:
+        self._stack.close()
+
+    def replay(self, requests: list[Request], replay_cfg=None, time_offset: float = 0.0) -> list[RequestRecord]:
+        """Replay requests (scheduled from this call's start), each record appended to requests.jsonl as it
+        finishes, so a crash keeps every request that finished. time_offset: added to every time of the records
+        (written and returned), to lay blocks replayed one after another on one time line."""
+        conf = self.conf
+        with open(self.run_dir / "requests.jsonl", "a") as f:
+            def on_record(rec: RequestRecord) -> None:
+                f.write((shift_record(rec, time_offset) if time_offset else rec).to_json() + "\n")
+                f.flush()
+
+            pacing = Pacing(self.prepared.workload.mode, self.prepared.workload.concurrency)
+            if self.t_replay is None:
+                self.t_replay = time.monotonic()
+            records = self.backend.replay(requests, replay_cfg or conf.replay, pacing, on_record)
+        return [shift_record(r, time_offset) for r in records] if time_offset else records
+
+    def finish(self, records: list[RequestRecord], probes: bool = True) -> ExperimentResult:
+        """The run's metrics from the records replayed, then (probes) capacity and load levels, then quality, the
+        plots, results.md and summary.json."""
+        if self.tracker is None:
+            self._open_tracker()
+        return _measure(self.conf, self.backend, self.run_dir, self.snapshot, self.tracker, self.opts,
+                        self.with_quality, self.prepared, records, self.metrics, self.t_replay or time.monotonic(),
+                        probes)
 
 
-def _run(conf, run_dir: Path, snapshot: dict, tracker: Tracker, opts: list[str],
-         with_quality: bool, prepared: Prepared) -> ExperimentResult:
-    with as_user_error():  # the engine refuses a setting it cannot run before its weights load
-        backend = make_backend(conf.model, conf.engine, conf.replay.driver, conf.faults)
-    try:  # a server-backed engine (vLLM) must stop on every exit path, not only at process exit
-        return _measure(conf, backend, run_dir, snapshot, tracker, opts, with_quality, prepared)
-    finally:
-        backend.close()
+def free_device_memory() -> None:
+    """What a finished (or failed) engine left cached on the GPU goes back to it, for the next engine."""
+    import gc
+
+    import torch
+
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+def shift_record(rec: RequestRecord, dt: float) -> RequestRecord:
+    """The record with every time moved by dt seconds."""
+    def add(t):
+        return None if t is None else t + dt
+
+    return replace(rec, scheduled_at=rec.scheduled_at + dt, sent_at=add(rec.sent_at),
+                   first_token_at=add(rec.first_token_at), finished_at=add(rec.finished_at),
+                   token_times=[t + dt for t in rec.token_times])
 
 
 def _measure(conf, backend, run_dir: Path, snapshot: dict, tracker: Tracker, opts: list[str],
-             with_quality: bool, prepared: Prepared) -> ExperimentResult:
-    metrics: dict[str, float] = {"perf/load_s": backend.load_s, "perf/start_s": backend.start_s}
+             with_quality: bool, prepared: Prepared, records: list[RequestRecord], metrics: dict[str, float],
+             t_replay: float, probes: bool) -> ExperimentResult:
     workload = prepared.workload
-    snapshot["requests_digest"] = requests_digest(workload.requests)
-    write_snapshot(run_dir, snapshot)
-    metrics.update(workload.stats)
-
-    backend.warmup(warmup_requests(workload.requests[:conf.replay.warmup_requests], len(backend.tokenizer)))
-    with open(run_dir / "requests.jsonl", "a") as f:
-        def on_record(rec: RequestRecord) -> None:
-            f.write(rec.to_json() + "\n")
-            f.flush()  # a crash keeps every request that finished
-
-        pacing = Pacing(workload.mode, workload.concurrency)
-        if conf.profile is not None:
-            backend.profile_next_replay(conf.profile, run_dir)
-        t_replay = time.monotonic()
-        records = backend.replay(workload.requests, conf.replay, pacing, on_record)
     # the replay's KV points only: warm-up was reset away, quality and capacity probes come after
     kv_points = list(getattr(backend, "kv_timeline", lambda: [])())
     metrics.update(compute_metrics(records, conf.slo))
     metrics.update(backend.metrics())
     effective = backend.opts_effective()  # before levels, probes and quality add to its counters
-    if conf.replay.capacity:  # after the engine's own metrics, so the probes do not blur them
+    if probes and conf.replay.capacity:  # after the engine's own metrics, so the probes do not blur them
         metrics.update(_capacity(conf, backend, workload.requests, run_dir))
     tracker.log_metrics(metrics)
-    levels = run_levels(conf, backend, workload.requests, run_dir, tracker) if conf.replay.load_levels else []
+    levels = (run_levels(conf, backend, workload.requests, run_dir, tracker)
+              if probes and conf.replay.load_levels else [])
 
     outputs, per_prompt, qmetrics, pdigest, signature, traced = _quality(conf, backend, run_dir, prepared, with_quality)
     metrics.update(qmetrics)

@@ -16,8 +16,9 @@ from omegaconf import DictConfig, OmegaConf
 from optladder.abtest.environment import across_runs, describe, differences
 from optladder.abtest.ladder import keeps, ladder_chart, ladder_table, rung_opts
 from optladder.abtest.verdict import ArmResult, Verdict, aa_log_ratio, pooled_run_noise, verdict_table
+from optladder.experiments.switchback import run_switchback
 from optladder.experiments.ab_run import (Arm, base_overrides, check_rung_engines, compose_arm, free_device_memory, gate_config,
-                                gate_pair, prepare_arms, run_arms)
+                                gate_pair, prepare_arms, prepare_switchback, run_arms)
 from optladder.experiments.errors import as_user_error
 from optladder.experiments.lifecycle import raise_if_terminated
 from optladder.experiments.load_curves import write_load_curves
@@ -48,6 +49,8 @@ def run_ladder(cfg: DictConfig, run_dir: Path, overrides: list[str], choices: di
     base = base_overrides(overrides)
     baseline = Arm("rung0-baseline", list(base), compose_arm(base, []), [])
     prepare_arms([baseline])  # the rungs differ in opts only: they replay and score the baseline's data
+    if ladder.design == "switchback":
+        prepare_switchback([baseline], ladder.blocks)
     check_rung_engines([compose_arm(base, [f"+opt=[{','.join(ladder.rungs[:i])}]"])
                         for i in range(1, len(ladder.rungs) + 1)])
     with Tracker(OmegaConf.to_object(cfg.tracking), f"ladder:{ladder.name}",
@@ -67,7 +70,8 @@ def run_ladder(cfg: DictConfig, run_dir: Path, overrides: list[str], choices: di
         def run_rung(name: str, opts: list[str], prev: Arm | None = None) -> Arm:
             extra = [f"+opt=[{','.join(opts)}]"]
             arm = Arm(name, [*base, *extra], compose_arm(base, extra), [], baseline.prepared) if opts else baseline
-            pair = ladder.interleave and prev is not None
+            switchback = ladder.design == "switchback"
+            pair = (ladder.interleave or switchback) and prev is not None
             ctl = Arm(f"{prev.name}{AGAIN}-{name}", prev.overrides, prev.cfg, [], prev.prepared,
                       score_quality=False) if pair else None
             if ctl is not None:
@@ -92,8 +96,14 @@ def run_ladder(cfg: DictConfig, run_dir: Path, overrides: list[str], choices: di
                 # the control's own answers stand for the run beside it only where they were computed here
                 ctl.score_quality = bool(across_runs(prev.environments, [environment()]))
                 try:
-                    run_arms([ctl, arm], ladder.repeats, run_dir, parent.run_id)
+                    if switchback:
+                        run_switchback([ctl, arm], ladder.blocks, run_dir, parent.run_id,
+                                       progress=bool(cfg.replay.progress))
+                    else:
+                        run_arms([ctl, arm], ladder.repeats, run_dir, parent.run_id)
                 except Exception as e:
+                    if switchback:  # both arms load before either replays: the error says which
+                        raise
                     order = [x for r in range(ladder.repeats) for x in ((ctl, arm) if r % 2 == 0 else (arm, ctl))]
                     i = len(ctl.runs) + len(arm.runs)  # the run that raised; its type kept where it ends the ladder
                     if i < len(order) and order[i] is ctl and not ladder.stop_on_error:

@@ -15,6 +15,7 @@ import logging
 import shutil
 from pathlib import Path
 
+from optladder.experiments.switchback import read_blocks
 from optladder.experiments.experiment import ExperimentResult, read_traces
 from optladder.traffic.request import RequestRecord
 
@@ -41,7 +42,7 @@ def load_result(run_dir: Path) -> ExperimentResult | None:
     traces, why = read_traces(run_dir)
     return ExperimentResult(s["run_id"], run_dir, s["metrics"], records, outputs, per_prompt,
                             snap["requests_digest"], snap["prompts_digest"], s["opts_effective"], s["opts"], snap,
-                            s.get("load_levels", []), traces, why)
+                            s.get("load_levels", []), traces, why, read_blocks(run_dir, records))
 
 
 def why_not(result: ExperimentResult, resolved: dict, digests: tuple[str, str] | None) -> str | None:

@@ -47,16 +47,36 @@ class ABConfig:
     first: str = "control"  # the arm that opens the first pair: control | candidate
     aa: bool = False  # an A/A: the arms are meant to be the same config (optladder/conf/ab/aa.yaml)
     registry_dir: Optional[str] = None  # promoted baselines; None: <project>/rollouts
+    # runs: each arm replays the whole trace in its own run (ab.repeats pairs of them); switchback: both arms'
+    # engines loaded at once, the trace played in ab.blocks blocks, the arms taking turns (AB BA ...), the latency
+    # gates' interval from resampling blocks (optladder/experiments/switchback.py)
+    design: str = "runs"
+    blocks: int = 10
 
     def __post_init__(self) -> None:
         if self.repeats < 1:
             raise ValueError(f"ab.repeats must be >= 1, got {self.repeats}")
+        check_design(self.design, self.blocks, self.repeats, "ab")
         if self.first not in ARMS:
             raise ValueError(f"ab.first={self.first!r} is not one of {list(ARMS)}")
         if list(self.candidate) == list(self.control) and not self.aa:
             raise ValueError(f"ab.candidate {list(self.candidate)} is the control's own overrides: give the "
                              "overrides that make the candidate, e.g. ab.candidate=[+opt=flash_attn], or run "
                              "an A/A on purpose with +ab=aa")
+
+
+DESIGNS = ("runs", "switchback")
+
+
+def check_design(design: str, blocks: int, repeats: int, group: str) -> None:
+    if design not in DESIGNS:
+        raise ValueError(f"{group}.design={design!r} is not one of {', '.join(DESIGNS)}")
+    if design == "switchback":
+        if not isinstance(blocks, int) or blocks < 2:
+            raise ValueError(f"{group}.blocks must be an integer >= 2 (the blocks a switchback resamples), got {blocks!r}")
+        if repeats != 1:
+            raise ValueError(f"{group}.repeats={repeats} counts whole-run pairs of {group}.design=runs; a switchback "
+                             f"repeats by blocks: set {group}.blocks (now {blocks}) and leave {group}.repeats=1")
 
 
 RERUN_CONTROL = ("differs", "always", "never")
@@ -83,9 +103,15 @@ class LadderConfig:
     # under interleave: each control run beside a rung and that control's own run are an A/A pair; the latency
     # gates' gate.run_noise pools the pairs measured so far (one df each) with its prior (optladder/abtest/verdict.py)
     pool_noise: bool = True
+    # switchback: each rung and its control beside it (as under interleave) loaded at once, the trace played in
+    # ladder.blocks blocks, the two taking turns (optladder/experiments/switchback.py); runs: whole replays
+    design: str = "runs"
+    blocks: int = 10
 
     def __post_init__(self) -> None:
         from optladder.engine.opts import OPTS
+
+        check_design(self.design, self.blocks, self.repeats, "ladder")
 
         if self.rerun_control not in RERUN_CONTROL:
             raise ValueError(f"ladder.rerun_control={self.rerun_control!r} is not one of {', '.join(RERUN_CONTROL)}")

@@ -1,0 +1,123 @@
+"""A switchback A/B: both arms' engines loaded at once, the trace played in short blocks, the arms taking turns.
+
+Run-to-run noise is what kept one pair of whole runs from deciding (an A/A's E2E p99 moved by an SD of 10% on a
+CPU, 29% on the H200): a fresh process, the allocator's state, a neighbour, the clock drifting over minutes. Here
+each block of consecutive requests (their arrivals as in the trace, re-based to the block's start) is replayed on
+one arm and at once on the other (AB AB AB ...: run_switchback says why not AB BA), so whatever drifts over minutes
+hits both arms of a block alike, and each arm's engine stays loaded between its blocks. The latency gates then
+compare the pooled requests of all blocks, with an interval from resampling whole blocks (the block is the unit
+of replication: optladder/abtest/run_pairs.py block_interval), so the noise that is left is measured, not assumed.
+
+An arm's run is one MLflow run as in any A/B (its MLflow run opens when its blocks are done: two runs open at once
+would mix their metrics), its records laid end to end on one time line (throughput = requests over the time its
+blocks took), blocks.json naming each block's requests. Quality (greedy answers) is scored once per arm after the
+blocks, as in one run of design=runs.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import time
+from contextlib import ExitStack
+from dataclasses import replace
+from pathlib import Path
+
+from tqdm import tqdm
+
+from optladder.traffic.request import Request
+
+log = logging.getLogger(__name__)
+
+BLOCKS_FILE = "blocks.json"
+
+
+def split_blocks(requests: list[Request], blocks: int) -> list[list[Request]]:
+    """Consecutive blocks of near-equal size, in trace order, each block's schedule re-based to its first
+    request's arrival (a block starts at once, as if the trace began there)."""
+    if blocks < 1:
+        raise ValueError(f"ab.blocks must be >= 1, got {blocks}")
+    if len(requests) < 2 * blocks:
+        raise ValueError(f"ab.blocks={blocks} needs at least {2 * blocks} requests (two a block), the workload has "
+                         f"{len(requests)}: lower ab.blocks or raise workload.num_requests")
+    order = sorted(range(len(requests)), key=lambda i: (requests[i].scheduled_at, i))
+    out: list[list[Request]] = []
+    for b in range(blocks):
+        idx = order[b * len(order) // blocks:(b + 1) * len(order) // blocks]
+        t0 = requests[idx[0]].scheduled_at
+        out.append([replace(requests[i], scheduled_at=requests[i].scheduled_at - t0) for i in idx])
+    return out
+
+
+def run_switchback(arms, blocks: int, out_dir: Path, parent_run_id: str | None, progress: bool = True) -> None:
+    """Load every arm's engine (each an ArmSession), replay the blocks with the arms taking turns in a fixed order
+    (AB AB AB ...), then finish each arm's run in turn (metrics, quality, its MLflow run) and close it. Each arm
+    gets one ExperimentResult in arm.runs, its records of each block in .blocks.
+
+    Why not AB BA AB: then the arm that opens a block is the one that closed the block before, running twice in a
+    row with its weights and KV still in the caches. On the 2-core CPU that made the opener of a block faster, and
+    since the arm loaded second opens one block more (it warms up last), A/As came out biased: median change -9%
+    over 10 A/As (benchmarks/results/error_rates/README.md). AB AB gives every replay the same history (the other
+    arm ran just before it); the arm order within a block is then fixed, which a slow drift over one replay's
+    length could bias by a fraction of that drift."""
+    from optladder.experiments.experiment import ArmSession, free_device_memory
+
+    requests = arms[0].prepared.workload.requests
+    parts = split_blocks(requests, blocks)
+    with ExitStack() as stack:
+        sessions = []
+        for arm in arms:
+            tags = {"optladder.arm": arm.name, "optladder.repeat": "0", "optladder.design": "switchback",
+                    "optladder.blocks": str(blocks)}
+            session = ArmSession(arm.cfg, out_dir / f"{arm.name}-r0", overrides=arm.overrides,
+                                 run_name=f"{arm.name} (switchback, {blocks} blocks)", parent_run_id=parent_run_id,
+                                 tags=tags, with_quality=arm.score_quality, prepared=arm.prepared,
+                                 defer_tracking=True)
+            stack.enter_context(session)
+            sessions.append(session)
+        quiet = replace(sessions[0].conf.replay, progress=False)
+        per_arm: list[list[list]] = [[] for _ in arms]
+        clock = [0.0] * len(arms)  # each arm's blocks laid end to end
+        took = [0.0] * len(arms)
+        t_start = time.monotonic()
+        with tqdm(total=len(parts) * len(arms), desc="switchback", unit="block", disable=not progress) as bar:
+            for b, part in enumerate(parts):
+                for i in range(len(arms)):  # AB AB AB: each replay follows the other arm's (see the docstring)
+                    t0 = time.monotonic()
+                    recs = sessions[i].replay(part, quiet, time_offset=clock[i])
+                    dt = time.monotonic() - t0
+                    took[i] += dt
+                    per_arm[i].append(recs)
+                    ends = [r.finished_at for r in recs if r.finished_at is not None]
+                    clock[i] = max([clock[i] + dt, *ends])
+                    bar.update(1)
+        log.info("switchback: %d blocks of ~%d requests on %d arms in %.0f s (%s)", len(parts),
+                 len(requests) // len(parts), len(arms), time.monotonic() - t_start,
+                 ", ".join(f"{a.name} {t:.0f} s" for a, t in zip(arms, took)))
+        for arm, session, recs in zip(arms, sessions, per_arm):
+            (session.run_dir / BLOCKS_FILE).write_text(json.dumps([[r.id for r in block] for block in recs]))
+            res = session.finish([r for block in recs for r in block], probes=False)
+            res.blocks = recs
+            arm.runs.append(res)
+            session.close()  # its MLflow run ends, its engine stops, before the next arm's run opens
+            free_device_memory()
+
+
+def read_blocks(run_dir: Path, records) -> list[list]:
+    """The blocks of a switchback run read back (blocks.json and its records); [] for a run of design=runs."""
+    path = Path(run_dir) / BLOCKS_FILE
+    if not path.is_file():
+        return []
+    by_id = {r.id: r for r in records}
+    return [[by_id[i] for i in ids if i in by_id] for ids in json.loads(path.read_text())]
+
+
+def check_switchback(conf) -> None:
+    """What a switchback cannot do, refused before any engine loads (ValueError naming the setting)."""
+    rc = conf.replay
+    if rc.capacity:
+        raise ValueError("replay.capacity=true probes one engine alone: it needs ab.design=runs, not switchback")
+    if rc.load_levels:
+        raise ValueError("replay.load_levels replays the whole trace per level: it needs ab.design=runs, "
+                         "not switchback")
+    if conf.profile is not None:
+        raise ValueError("+profile traces one replay: it needs ab.design=runs, not switchback")
