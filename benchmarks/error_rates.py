@@ -11,6 +11,7 @@ limit keeps what it measured.
     python benchmarks/error_rates.py --out /tmp/er --aa 20 --slowdowns 0.1,0.2 --runs 10 -- \\
         model=tiny engine.cpu_threads=1 ab.design=switchback
     python benchmarks/error_rates.py --deadline-s 540 ... -- model=smollm2_135m engine.device=cuda ...
+    python benchmarks/error_rates.py --table benchmarks/results/error_rates/gpu_h100_smollm2.json   # a table again
 
 The latency gate read is the first of gate.latency_max_regression (perf/e2e_ms_p99 by default). A/A: pass is
 right, fail is a false fail. Slowdown: fail is a detection. Prints and writes a markdown table: per kind the
@@ -74,8 +75,14 @@ def main() -> int:
     ap.add_argument("--runs", type=int, default=10)
     ap.add_argument("--deadline-s", type=float, default=None, help="start no A/B after this many seconds")
     ap.add_argument("--keep-runs", action="store_true", help="keep each A/B's run directories (default: verdicts)")
+    ap.add_argument("--table", type=Path, default=None, metavar="RESULTS_JSON",
+                    help="print the table of a results.json written earlier, and run nothing")
     ap.add_argument("overrides", nargs="*")
     args = ap.parse_args()
+    if args.table is not None:
+        r = json.loads(args.table.read_text())
+        print(table(r["rows"], r["head"]))
+        return 0
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
 

@@ -202,3 +202,23 @@ def test_the_budget_is_checked_before_the_replay_with_the_fix():
     # a switchback measures its own noise: only the tail is said, and 500 requests are enough for p99
     assert budget_warnings(cfg, 500, "switchback", 1) == []
     assert "no gate.run_noise" in budget_warnings(GateConfig(), 600, "runs", 1)[0]
+
+
+@pytest.mark.e2e
+def test_a_switchback_ladder_judges_each_rung_against_its_control_beside_it(tmp_path):
+    from test_ladder import run_py, tiny_ladder_args
+
+    out = tmp_path / "ladder"
+    args = tiny_ladder_args(out, f"sqlite:///{tmp_path / 'mlflow.db'}", "[batched_decode]")
+    args = [a for a in args if not a.startswith("workload.num_requests")]
+    p = run_py([*args, "workload.num_requests=12", "ladder.design=switchback", "ladder.blocks=3",
+                "engine.cpu_threads=1"])
+    assert p.returncode in (0, 2), p.stderr[-3000:]
+    rows = json.loads((out / "ladder.json").read_text())["rungs"]
+    gate = next(g for g in rows[1]["verdict"]["gates"] if g["gate"] == "latency_max_regression")
+    assert "3 switchback blocks" in gate["reason"], gate["reason"]
+    # the rung and its control beside it took turns over the same three blocks
+    beside = [d for d in out.iterdir() if "-again-" in d.name]
+    assert len(beside) == 1, [d.name for d in out.iterdir()]
+    rung = next(d for d in out.iterdir() if d.name.startswith("rung1") and "-again-" not in d.name)
+    assert json.loads((beside[0] / "blocks.json").read_text()) == json.loads((rung / "blocks.json").read_text())
