@@ -222,3 +222,17 @@ def test_a_switchback_ladder_judges_each_rung_against_its_control_beside_it(tmp_
     assert len(beside) == 1, [d.name for d in out.iterdir()]
     rung = next(d for d in out.iterdir() if d.name.startswith("rung1") and "-again-" not in d.name)
     assert json.loads((beside[0] / "blocks.json").read_text()) == json.loads((rung / "blocks.json").read_text())
+
+
+def test_what_a_switchback_cannot_run_is_refused_before_any_engine_loads():
+    from conftest import compose_config
+
+    from optladder.experiments.build import build
+    from optladder.experiments.switchback import check_switchback
+
+    for extra, said in ((["replay.capacity=true"], "replay.capacity=true probes one engine alone"),
+                        (["replay.load_levels=[1,2]"], "replay.load_levels"),
+                        (["engine=vllm", "engine.kv_cache_gb=null"], "engine.kv_cache_gb=null")):
+        with pytest.raises(ValueError, match=said):
+            check_switchback(build(compose_config([*CHEAP, *extra])))
+    check_switchback(build(compose_config(list(CHEAP))))  # the plain config runs

@@ -121,3 +121,7 @@ def check_switchback(conf) -> None:
                          "not switchback")
     if conf.profile is not None:
         raise ValueError("+profile traces one replay: it needs ab.design=runs, not switchback")
+    if conf.engine.name == "vllm" and conf.engine.kv_cache_gb is None:
+        raise ValueError("engine=vllm with engine.kv_cache_gb=null: each of the two servers a switchback holds at "
+                         "once would claim its fraction of the device's memory; give each a KV budget that fits "
+                         "twice, e.g. engine.kv_cache_gb=4")
