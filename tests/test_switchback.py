@@ -88,7 +88,9 @@ def test_the_interval_covers_the_truth_when_blocks_drift():
         c, k = blocks(rng, 10, 30, 0.10, 0.05)
         iv = block_interval(c, k, 0.5, n_boot=300, seed=int(rng.integers(1 << 30)))
         covered += iv.low <= 0.10 <= iv.high
-    assert covered >= 132, covered
+    # the draws are seeded: 144 of 150 with the interval as built; without the small-cluster factor and with z
+    # for t it falls to 137, which this bound catches
+    assert covered >= 140, covered
 
 
 def test_unequal_or_single_blocks_are_refused():
@@ -123,9 +125,15 @@ def test_the_gate_reads_the_blocks_and_decides():
     small = [x[:4] for x in c]
     g = _relative_gate("latency_max_regression", "perf/e2e_ms_p99", 0.10, arm("c", small), arm("k", small), cfg)
     assert "gated on p50 instead" in g.reason and "500 give p99 5 beyond it" in g.reason, g.reason
+    assert g.status == "inconclusive" and "does not pass the tail asked for" in g.reason, g.reason
     slow = [x[:4] * 1.3 for x in c]
     assert _relative_gate("latency_max_regression", "perf/e2e_ms_p99", 0.10, arm("c", small), arm("k", slow),
                           cfg).status == "fail"
+    # a latency of 0 (a token stream that came in one chunk) leaves no log ratio: inconclusive, not a crash
+    a, b = arm("c", c), arm("k", c)
+    b.blocks[0][0].finished_at = b.blocks[0][0].sent_at
+    g = _relative_gate("latency_max_regression", "perf/e2e_ms_p99", 0.10, a, b, cfg)
+    assert g.status == "inconclusive" and "no interval" in g.reason, g.reason
 
 
 def test_read_blocks_rebuilds_them_from_the_run_directory(tmp_path):
@@ -158,6 +166,10 @@ def test_a_switchback_ab_end_to_end(tmp_path, one_torch_thread):
     g = next(g for g in v["gates"] if g["metric"] == "perf/e2e_ms_p99")
     assert "4 switchback blocks" in g["reason"] and g["status"] == "fail" and code == 1, g["reason"]
     assert all(x > 0 for x in g["interval"]["pair_log_ratios"])
+    # the arms took turns, AB AB AB, each replay after the other's had ended
+    played = json.loads((tmp_path / "ab" / "switchback.json").read_text())
+    assert [(p["block"], p["arm"]) for p in played] == [(b, a) for b in range(4) for a in ("control", "candidate")]
+    assert all(x["end_s"] <= y["start_s"] for x, y in zip(played, played[1:]))
     for name in ("control", "candidate"):
         d = tmp_path / "ab" / f"{name}-r0"
         ids = json.loads((d / "blocks.json").read_text())
@@ -232,7 +244,40 @@ def test_what_a_switchback_cannot_run_is_refused_before_any_engine_loads():
 
     for extra, said in ((["replay.capacity=true"], "replay.capacity=true probes one engine alone"),
                         (["replay.load_levels=[1,2]"], "replay.load_levels"),
-                        (["engine=vllm", "engine.kv_cache_gb=null"], "engine.kv_cache_gb=null")):
+                        (["engine=vllm", "engine.kv_cache_gb=null"], "engine=vllm with engine.kv_cache_gb=null"),
+        (["engine.kv_cache_gb=null"], "the second would get less")):
         with pytest.raises(ValueError, match=said):
             check_switchback(build(compose_config([*CHEAP, *extra])))
     check_switchback(build(compose_config(list(CHEAP))))  # the plain config runs
+
+
+def test_arms_that_differ_in_thread_count_are_refused():
+    from conftest import compose_config
+
+    from optladder.experiments.build import build
+    from optladder.experiments.switchback import check_switchback_arms
+
+    one, two = (build(compose_config([f"engine.cpu_threads={n}"])) for n in (1, 2))
+    with pytest.raises(ValueError, match=r"engine.cpu_threads to \[1, 2\].*ab.design=runs"):
+        check_switchback_arms([one, two])
+    check_switchback_arms([one, one])
+
+
+def test_a_store_lost_before_a_deferred_run_opens_keeps_the_run(tmp_path, monkeypatch):
+    from conftest import compose_config
+
+    from optladder.experiments import tracking
+    from optladder.experiments.experiment import ArmSession
+
+    monkeypatch.setattr(tracking, "LOST", [])
+    monkeypatch.setattr("optladder.experiments.experiment.LOST", tracking.LOST)
+    cfg = compose_config(["tracking.uri=http://127.0.0.1:9", "workload.num_requests=4"])  # nothing listens there
+    with ArmSession(cfg, tmp_path / "arm", defer_tracking=True) as session:  # loads: the store is not asked yet
+        records = session.replay(session.prepared.workload.requests)
+        result = session.finish(records)
+    assert result.run_id is None and len(result.records) == 4
+    assert (tmp_path / "arm" / "summary.json").is_file() and tracking.LOST and "start_run" in tracking.LOST[0]
+    tracking.LOST.clear()  # a store lost stays lost for the process: as for a new one
+    with pytest.raises(tracking.TrackingUnreachable):  # not deferred: refused before the engine loads
+        with ArmSession(cfg, tmp_path / "arm2"):
+            pass

@@ -209,9 +209,16 @@ def _switchback_gate(gate: str, metric: str, bound: float, control: ArmResult, c
                 f"{name} instead, which {n} requests resolve ({tail_requests_needed(q)} give p{q * 100:g} "
                 f"{MIN_TAIL_REQUESTS} beyond it: workload.num_requests)")
         q = q_eff
-    iv = block_interval(ctrl, cand, q, alpha=cfg.alpha, n_boot=cfg.n_boot, seed=cfg.seed)
+    try:
+        iv = block_interval(ctrl, cand, q, alpha=cfg.alpha, n_boot=cfg.n_boot, seed=cfg.seed)
+    except ValueError as e:
+        return GateResult(gate, metric, "inconclusive", f"{head} {_pct(_rel_change(c, k))}; no interval: {e}",
+                          c, k)
     low, high = sorted((sign * iv.low, sign * iv.high))
     status = on_bound(low, high, bound)
+    if tail and status == "pass":  # the lower percentile clears the bound; the tail asked for is not measured
+        status = "inconclusive"
+        tail += "; a pass there does not pass the tail asked for (a fail does fail it)"
     pw = power(iv, bound, sign, cfg.alpha, status != "inconclusive")
     resolves = f"; this run resolves changes of ±{pw.mde:.1%} (80% power)"
     if pw.pairs_to_decide is not None:

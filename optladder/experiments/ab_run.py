@@ -23,7 +23,7 @@ from optladder.experiments.build import build, check_keys
 from optladder.experiments.errors import as_user_error
 from optladder.experiments.experiment import ExperimentResult, free_device_memory, run_experiment
 from optladder.experiments.preflight import Prepared, prepare
-from optladder.experiments.switchback import check_switchback, run_switchback, split_blocks
+from optladder.experiments.switchback import check_switchback, check_switchback_arms, run_switchback, split_blocks
 from optladder.experiments.teacher_forced_run import log_to_run, run_teacher_forced
 from optladder.experiments.tracking import Tracker
 from optladder.quality.prompts import load_prompt_set, prompts_digest
@@ -88,10 +88,14 @@ def prepare_arms(arms: list[Arm]) -> None:
 
 def prepare_switchback(arms: list[Arm], blocks: int) -> None:
     """What a switchback of these arms cannot run, refused before any engine loads."""
+    confs = []
     for arm in arms:
         with as_user_error():
-            check_switchback(build(arm.cfg))
+            confs.append(build(arm.cfg))
+            check_switchback(confs[-1])
             split_blocks(arm.prepared.workload.requests, blocks)
+    with as_user_error():
+        check_switchback_arms(confs)
 
 
 def _digests(arm: Arm) -> ArmResult:

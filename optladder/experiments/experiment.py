@@ -26,7 +26,7 @@ from optladder.experiments.report import results_markdown
 from optladder.experiments.run_views import (dataset_inputs, effective_tags_params, kv_curves, run_name as default_run_name,
                                              run_tags)
 from optladder.experiments.snapshot import build_snapshot, write_snapshot
-from optladder.experiments.tracking import Tracker, flatten
+from optladder.experiments.tracking import LOST, Tracker, TrackingUnreachable, flatten
 from optladder.quality.prompts import prompts_digest
 from optladder.quality.scoring import score_vs_references, to_metrics
 from optladder.traffic.capacity import capacity_metrics, find_capacity, requests_at, stop_when_missed
@@ -89,7 +89,8 @@ class ArmSession:
         self.overrides, self.choices, self.run_name = overrides or [], choices or {}, run_name
         self.parent_run_id, self.extra_tags, self.with_quality = parent_run_id, tags or {}, with_quality
         self.prepared, self.defer_tracking = prepared, defer_tracking
-        self._stack = ExitStack()
+        self._stack = ExitStack()  # the engine
+        self._track_stack = ExitStack()  # its MLflow run: ended after the engine stopped (its log complete)
         self.tracker: Tracker | None = None
         self.t_replay: float | None = None
 
@@ -121,26 +122,41 @@ class ArmSession:
             self.backend.warmup(warmup_requests(workload.requests[:conf.replay.warmup_requests],
                                                 len(self.backend.tokenizer)))
         except BaseException:
-            self._stack.__exit__(*sys.exc_info())
+            self.__exit__(*sys.exc_info())
             raise
         return self
 
     def _open_tracker(self) -> None:
         conf, prepared = self.conf, self.prepared
         tags = {**run_tags(conf, self.opts, self.snapshot["environment"], prepared.workload.stats), **self.extra_tags}
-        self.tracker = self._stack.enter_context(
-            Tracker(conf.tracking, self.run_name or default_run_name(conf, self.opts, tags), tags,
-                    self.parent_run_id, self.run_dir))
+        name = self.run_name or default_run_name(conf, self.opts, tags)
+        try:
+            self.tracker = self._track_stack.enter_context(
+                Tracker(conf.tracking, name, tags, self.parent_run_id, self.run_dir))
+        except TrackingUnreachable as e:
+            if not self.defer_tracking:
+                raise  # before the engine loads: the run has cost nothing yet, the user fixes the store
+            # after the replay (a switchback's deferred run): the store was lost meanwhile, as mid-run under
+            # design=runs; the run goes on and keeps everything in its run directory (exit status 69)
+            LOST.append(f"start_run: {e}")
+            log.error("tracking lost before %s's run could open (%s); it goes on without MLflow", name, e)
+            self.tracker = self._track_stack.enter_context(
+                Tracker(replace(conf.tracking, enabled=False), name, tags, self.parent_run_id, self.run_dir))
         self.tracker.log_params(flatten(self.resolved))
         if self.tracker.enabled:  # the workload and the prompt set as MLflow dataset inputs, by file and digest
             for dataset in dataset_inputs(conf, prepared):
                 self.tracker.log_dataset(**dataset)
 
     def __exit__(self, *exc) -> bool:
-        return bool(self._stack.__exit__(*exc))
+        try:
+            self._stack.__exit__(*exc)  # the engine stops first
+        except BaseException:
+            self._track_stack.__exit__(*sys.exc_info())  # a failed stop fails the run
+            raise
+        return bool(self._track_stack.__exit__(*exc))
 
     def close(self) -> None:
-        self._stack.close()
+        self.__exit__(None, None, None)
 
     def replay(self, requests: list[Request], replay_cfg=None, time_offset: float = 0.0) -> list[RequestRecord]:
         """Replay requests (scheduled from this call's start), each record appended to requests.jsonl as it

@@ -146,7 +146,7 @@ def run_ladder(cfg: DictConfig, run_dir: Path, overrides: list[str], choices: di
         def judge(prev: Arm, cand: Arm) -> tuple[Verdict, ArmResult]:
             if cand.name in beside:
                 ctl = beside[cand.name]
-                if not ladder.pool_noise:
+                if not ladder.pool_noise or ladder.design == "switchback":  # blocks measure their own noise
                     return gate_pair(with_answers(ctl, prev), cand, gate)[:2]
                 # an A/A pair: the control's own run and its run beside the rung, made one after the other in one
                 # environment (not where one of them was read back from an earlier run and the other made here)

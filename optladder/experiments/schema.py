@@ -48,7 +48,7 @@ class ABConfig:
     aa: bool = False  # an A/A: the arms are meant to be the same config (optladder/conf/ab/aa.yaml)
     registry_dir: Optional[str] = None  # promoted baselines; None: <project>/rollouts
     # runs: each arm replays the whole trace in its own run (ab.repeats pairs of them); switchback: both arms'
-    # engines loaded at once, the trace played in ab.blocks blocks, the arms taking turns (AB BA ...), the latency
+    # engines loaded at once, the trace played in ab.blocks blocks, the arms taking turns (AB AB ...), the latency
     # gates' interval from resampling blocks (optladder/experiments/switchback.py)
     design: str = "runs"
     blocks: int = 10

@@ -29,6 +29,7 @@ from optladder.traffic.request import Request
 log = logging.getLogger(__name__)
 
 BLOCKS_FILE = "blocks.json"
+ORDER_FILE = "switchback.json"  # in the A/B's directory: every replay in the order it ran
 
 
 def split_blocks(requests: list[Request], blocks: int) -> list[list[Request]]:
@@ -74,8 +75,9 @@ def run_switchback(arms, blocks: int, out_dir: Path, parent_run_id: str | None, 
                                  defer_tracking=True)
             stack.enter_context(session)
             sessions.append(session)
-        quiet = replace(sessions[0].conf.replay, progress=False)
+        quiet = [replace(x.conf.replay, progress=False) for x in sessions]
         per_arm: list[list[list]] = [[] for _ in arms]
+        played = []  # the replays in the order they ran: block, arm, wall-clock start and end
         clock = [0.0] * len(arms)  # each arm's blocks laid end to end
         took = [0.0] * len(arms)
         t_start = time.monotonic()
@@ -83,13 +85,18 @@ def run_switchback(arms, blocks: int, out_dir: Path, parent_run_id: str | None, 
             for b, part in enumerate(parts):
                 for i in range(len(arms)):  # AB AB AB: each replay follows the other arm's (see the docstring)
                     t0 = time.monotonic()
-                    recs = sessions[i].replay(part, quiet, time_offset=clock[i])
+                    recs = sessions[i].replay(part, quiet[i], time_offset=clock[i])
                     dt = time.monotonic() - t0
                     took[i] += dt
                     per_arm[i].append(recs)
+                    played.append({"block": b, "arm": arms[i].name, "start_s": round(t0 - t_start, 4),
+                                   "end_s": round(t0 + dt - t_start, 4)})
+                    # the next block starts where this one's last request finished (not after the replay call's
+                    # own overhead: a server started per block, a scrape), so throughput is the blocks' own
                     ends = [r.finished_at for r in recs if r.finished_at is not None]
-                    clock[i] = max([clock[i] + dt, *ends])
+                    clock[i] = max(ends) if ends else clock[i] + dt
                     bar.update(1)
+        (out_dir / ORDER_FILE).write_text(json.dumps(played, indent=1))
         log.info("switchback: %d blocks of ~%d requests on %d arms in %.0f s (%s)", len(parts),
                  len(requests) // len(parts), len(arms), time.monotonic() - t_start,
                  ", ".join(f"{a.name} {t:.0f} s" for a, t in zip(arms, took)))
@@ -111,6 +118,15 @@ def read_blocks(run_dir: Path, records) -> list[list]:
     return [[by_id[i] for i in ids if i in by_id] for ids in json.loads(path.read_text())]
 
 
+def check_switchback_arms(confs) -> None:
+    """What differs between arms held in one process and would not be compared fairly there."""
+    threads = {c.engine.cpu_threads for c in confs}
+    if len(threads) > 1:
+        raise ValueError(f"the arms set engine.cpu_threads to {sorted(threads, key=str)}: torch's thread count is "
+                         "one for the whole process, so in a switchback the arm loaded last sets it for both; "
+                         "compare thread counts with ab.design=runs")
+
+
 def check_switchback(conf) -> None:
     """What a switchback cannot do, refused before any engine loads (ValueError naming the setting)."""
     rc = conf.replay
@@ -121,7 +137,8 @@ def check_switchback(conf) -> None:
                          "not switchback")
     if conf.profile is not None:
         raise ValueError("+profile traces one replay: it needs ab.design=runs, not switchback")
-    if conf.engine.name == "vllm" and conf.engine.kv_cache_gb is None:
-        raise ValueError("engine=vllm with engine.kv_cache_gb=null: each of the two servers a switchback holds at "
-                         "once would claim its fraction of the device's memory; give each a KV budget that fits "
-                         "twice, e.g. engine.kv_cache_gb=4")
+    if conf.engine.name in ("vllm", "reference") and conf.engine.kv_cache_gb is None:
+        raise ValueError(f"engine={conf.engine.name} with engine.kv_cache_gb=null: the KV budget is then a fraction "
+                         "of the memory free when the engine loads, so of the two engines a switchback holds at "
+                         "once the second would get less; give both one budget that fits twice, e.g. "
+                         "engine.kv_cache_gb=4")
