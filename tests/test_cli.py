@@ -107,3 +107,35 @@ def test_ab_with_a_damaged_candidate_fails_on_the_teacher_forced_gates_with_exit
     assert summary["metrics"]["quality/kl_vs_control_mean"] > 0.01 and summary["unavailable"] is None
     assert len((out / "candidate-r0" / "teacher_forced.jsonl").read_text().splitlines()) == 12
     assert not (out / "rollout_plan.json").exists()
+
+
+def test_knob_sweep_names_its_best_config_under_the_slo_and_the_ab_that_gates_it(tmp_path):
+    from optladder.experiments.build import build
+    from optladder.experiments.levels import read_levels
+    from optladder.experiments.slo_pick import best_under_slo
+    from optladder.traffic.metrics import SLO
+    from tests.conftest import compose_config
+
+    sweep = tmp_path / "sweep"
+    p = run(["-m", "engine.max_num_seqs=1,4", "+opt=[paged_kv,dynamic_batching]", "replay.load_levels=[10,40]",
+             "workload.num_requests=6", "quality.num_prompts=2", "tracking.enabled=false", "slo.ttft_p99_s=60",
+             "slo.tpot_p99_s=60", f"hydra.sweep.dir={sweep}", *FAST], tmp_path)
+    assert p.returncode == 0, p.stderr[-3000:]
+    doc = json.loads((sweep / "pareto.json").read_text())
+    labels = {f"reference:paged_kv+dynamic_batching:tiny engine.max_num_seqs={n}": sweep / str(j)
+              for j, n in enumerate((1, 4))}
+    # consistent with its own points: the same pick from the jobs' levels, and on the chart's points
+    again = best_under_slo({k: read_levels(d) for k, d in labels.items()}, SLO(ttft_p99_s=60, tpot_p99_s=60))
+    best = doc["best"]
+    assert best is not None and best["config"] in labels and best == again["best"]
+    assert best["per_gpu"] == max(pt["per_gpu"] for pt in doc["points"])  # both meet this SLO at every level
+    assert {(pt["config"], pt["level"]) for pt in doc["points"]} >= {(best["config"], best["level"])}
+    assert doc["runner_up"]["config"] != best["config"] and doc["margin_tok_s"] >= 0
+    assert doc["best_summary"] in p.stdout and "## Best config under the SLO" in (sweep / "pareto.md").read_text()
+    # the gate: printed, not run; neither job is the defaults (max_num_seqs 16), so it A/Bs the best against them
+    g = doc["gate"]
+    assert g["defaults"] == {"engine.max_num_seqs": "16"} and g["command"] in p.stdout
+    assert g["candidate"] == [f"engine.max_num_seqs={best['config'].rsplit('=', 1)[1]}"]
+    assert not (sweep / "gate" / "ab" / "verdict.json").exists()
+    ab = build(compose_config([f"hydra.searchpath=[file://{sweep / 'gate'}]", "+ab=knob_sweep_best"])).ab
+    assert (ab.control, ab.candidate) == ([], g["candidate"])

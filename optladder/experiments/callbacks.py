@@ -3,7 +3,8 @@
 The parent is named by what the sweep sweeps (`sweep: +opt=glob(*), seed=1,2`), not by the whole command
 line (the rest is in its tags). The jobs learn the swept keys from the environment, to put their values in
 their own names and tags. At the end the parent gets sweep.md (each job: ran, skipped and why, or failed)
-and, where the jobs ran load levels, their latency-throughput curves and Pareto frontier.
+and, where the jobs ran load levels, their latency-throughput curves and Pareto frontier, the best config
+under the SLO and the A/B command that gates it against the sweep's defaults (optladder/experiments/slo_pick.py).
 """
 from __future__ import annotations
 
@@ -15,14 +16,17 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
 from optladder.experiments.lifecycle import EXIT_TRACKING
 from optladder.experiments.levels import read_levels
 from optladder.experiments.load_curves import write_load_curves
+from optladder.experiments.slo_pick import best_under_slo, gate
 from optladder.experiments.sweep import SKIPPED_FILE, SWEEP_KEYS_ENV, job_swept_values, sweep_overrides, swept_keys
 from optladder.experiments.tracking import PARENT_ENV, ensure_experiment, resolve_uri
+from optladder.traffic.metrics import SLO
 
 _active: list["MLflowSweepCallback"] = []  # the running sweep, for run.py to close when a job raised
 
@@ -33,6 +37,10 @@ class MLflowSweepCallback(Callback):
         self.failed = 0
         self.jobs: list[dict] = []
         self.sweep_dir: Path | None = None
+        self.slo: SLO | None = None
+        self.keys: list[str] = []  # the swept config keys
+        self.base: list[str] = []  # the command line's overrides that do not sweep
+        self.defaults: dict[str, str] = {}  # each swept key's value without its sweep
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         task = list(config.hydra.overrides.task) if "hydra" in config else []
@@ -40,6 +48,13 @@ class MLflowSweepCallback(Callback):
         lines = sweep_overrides(task) + [f"{k}={v}" for k, v in preset.items()]
         os.environ[SWEEP_KEYS_ENV] = json.dumps(swept_keys(lines))
         self.sweep_dir = Path(config.hydra.sweep.dir)
+        self.keys = swept_keys(lines)
+        self.base = [o for o in task if o not in set(sweep_overrides(task))]
+        self.defaults = _defaults(config, self.keys)
+        try:
+            self.slo = SLO(**OmegaConf.to_container(config.slo, resolve=True)) if "slo" in config else None
+        except (TypeError, ValueError) as e:  # the jobs refuse it too, each with the message
+            logging.getLogger("optladder").warning("slo: %s; the sweep names no best config", e)
         _active[:] = [self]
         if not config.tracking.enabled:
             return
@@ -80,9 +95,11 @@ class MLflowSweepCallback(Callback):
         if getattr(job_return, "status", None) == JobStatus.FAILED and not status.startswith("failed"):
             status = "failed (traceback above)"
         self.failed += status.startswith("failed")
-        swept = " ".join(f"{k}={v}" for k, v in job_swept_values(job_return.overrides or []).items())
+        values = job_swept_values(job_return.overrides or [])
+        swept = " ".join(f"{k}={v}" for k, v in values.items())
         self.jobs.append({"job": len(self.jobs), "swept": swept, "dir": out, "status": status,
-                          "name": _job_name(out)})
+                          "name": _job_name(out), "values": values,
+                          "overrides": [str(o) for o in job_return.overrides or []]})
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         if config.get("ab") is not None:  # a sweep of A/Bs (an A/A calibration): ab_summary.md beside the jobs
@@ -108,8 +125,23 @@ class MLflowSweepCallback(Callback):
         table = sweep_table(self.jobs)
         (self.sweep_dir / "sweep.md").write_text(table)
         print(table)
-        curves = {_job_label(j): read_levels(j["dir"]) for j in self.jobs if j["dir"] is not None}
-        written = write_load_curves({k: v for k, v in curves.items() if v}, self.sweep_dir)
+        by_label = {_job_label(j): j for j in self.jobs if j["dir"] is not None}
+        curves = {k: v for k, v in ((k, read_levels(j["dir"])) for k, j in by_label.items()) if v}
+        pick = the_gate = None
+        if curves and self.slo is not None:
+            pick = best_under_slo(curves, self.slo)
+            best = pick["best"]
+            job = by_label[best["config"]] if best is not None else {}
+            the_gate = gate(best, self._swept_overrides(job.get("overrides", [])), self.base, self.defaults,
+                            self.sweep_dir, job.get("values") == self.defaults)
+        written = write_load_curves(curves, self.sweep_dir, pick, the_gate)
+        if written and pick is not None:
+            print(pick["summary"])
+            if the_gate["command"]:
+                print("gate it against the defaults (an A/B; the sweep does not run it):\n  " + the_gate["command"])
+                written.append(Path(the_gate["ab_config"]))
+            else:
+                print(the_gate["why"])
         if self.parent_run_id is None:
             return
         from mlflow.tracking import MlflowClient
@@ -120,6 +152,26 @@ class MLflowSweepCallback(Callback):
         client.set_terminated(self.parent_run_id, status="FAILED" if self.failed else "FINISHED")
         self.parent_run_id = None
 
+    def _swept_overrides(self, overrides: list[str]) -> list[str]:
+        """A job's overrides of the swept keys, as its command line wrote them."""
+        parsed = OverridesParser.create().parse_overrides(list(overrides))
+        return [o.input_line for o in parsed if o.key_or_group in self.keys]
+
+
+def _defaults(config: DictConfig, keys: list[str]) -> dict[str, str]:
+    """Each swept key's value in the sweep's base config (Hydra composes it without the sweeping overrides):
+    a group's choice, a key's value; a key the base config lacks (`+opt=...`) is left out."""
+    choices = OmegaConf.select(config, "hydra.runtime.choices") or {}
+    out = {}
+    for k in keys:
+        if k in choices:
+            out[k] = str(choices[k])
+            continue
+        v = OmegaConf.select(config, k, default=None, throw_on_missing=False)
+        if v is not None and not OmegaConf.is_config(v):
+            out[k] = str(v)
+    return out
+
 
 def _jobs_from_dirs(sweep_dir: Path) -> list[dict]:
     """Every job directory under the sweep's (each has .hydra/overrides.yaml), in job order."""
@@ -129,8 +181,10 @@ def _jobs_from_dirs(sweep_dir: Path) -> list[dict]:
     jobs = []
     for out in sorted((f.parent.parent for f in sweep_dir.glob("*/.hydra/overrides.yaml")), key=order):
         overrides = [str(o) for o in OmegaConf.load(out / ".hydra" / "overrides.yaml")]
-        swept = " ".join(f"{k}={v}" for k, v in job_swept_values(overrides).items())
-        jobs.append({"job": len(jobs), "swept": swept, "dir": out, "status": _job_status(out), "name": _job_name(out)})
+        values = job_swept_values(overrides)
+        swept = " ".join(f"{k}={v}" for k, v in values.items())
+        jobs.append({"job": len(jobs), "swept": swept, "dir": out, "status": _job_status(out), "name": _job_name(out),
+                     "values": values, "overrides": overrides})
     return jobs
 
 

@@ -21,6 +21,7 @@ from optladder.traffic.request import RequestRecord
 
 log = logging.getLogger(__name__)
 SAME = ("model", "engine", "workload", "quality", "replay", "slo", "seed", "faults")
+SELECTION_ONLY = ("ttft_p99_s", "tpot_p99_s")
 SCORES = ("bleu", "rouge1", "rouge2", "rougeL")
 
 
@@ -48,12 +49,20 @@ def load_result(run_dir: Path) -> ExperimentResult | None:
 def why_not(result: ExperimentResult, resolved: dict, digests: tuple[str, str] | None) -> str | None:
     """Why an earlier result cannot stand for a run of `resolved` (None: it can)."""
     earlier = result.snapshot.get("resolved_config", {})
-    changed = [k for k in SAME if earlier.get(k) != resolved.get(k)]
+    changed = [k for k in SAME if _measured(k, earlier.get(k)) != _measured(k, resolved.get(k))]
     if changed:
         return f"its settings differ in {changed}"
     if digests is not None and (result.requests_digest, result.prompts_digest) != digests:
         return "it replayed or scored different data"
     return None
+
+
+def _measured(section: str, value):
+    """A section as far as it changes what a run measures: the SLO's level bounds (slo.ttft_p99_s,
+    slo.tpot_p99_s) only choose among measurements, and runs from before they existed lack them."""
+    if section == "slo" and isinstance(value, dict):
+        return {k: v for k, v in value.items() if k not in SELECTION_ONLY}
+    return value
 
 
 def resume_rung(earlier_dir: Path, name: str, repeats: int, resolved: dict, digests: tuple[str, str] | None,

@@ -16,14 +16,21 @@ PCTS = {"p50": 50.0, "p90": 90.0, "p99": 99.0, "p999": 99.9}
 
 @dataclass
 class SLO:
-    """A request is 'good' when every set bound holds. Seconds."""
+    """A request is 'good' when every set bound holds. Seconds.
+
+    ttft_p99_s and tpot_p99_s bound a whole load level, not a request: a knob sweep's best config under the
+    SLO is the one with the most output tok/s per GPU at the highest load level whose TTFT p99 and TPOT p99
+    stay within them (optladder/experiments/slo_pick.py); null leaves that bound out. They choose among
+    measurements and change none, so a resumed ladder ignores them (optladder/experiments/resume.py)."""
 
     e2e_s: float = 3.0
     ttft_s: float | None = None
     tpot_s: float | None = None
+    ttft_p99_s: float | None = 1.0  # interactive defaults: the first token within 1 s
+    tpot_p99_s: float | None = 0.1  # and at least 10 tok/s per user after it
 
     def __post_init__(self) -> None:
-        for name in ("e2e_s", "ttft_s", "tpot_s"):
+        for name in ("e2e_s", "ttft_s", "tpot_s", "ttft_p99_s", "tpot_p99_s"):
             v = getattr(self, name)
             if v is not None and v <= 0:
                 raise ValueError(f"slo.{name} must be > 0, got {v}")
