@@ -11,11 +11,7 @@ cd "$(dirname "$0")/.."
 PY=${PY:-python3}
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT/error_rates"
-if [ ! -d /tmp/site-optladder/hydra ] && [ -d wheelhouse ]; then
-  $PY deploy/install.py --from wheelhouse --target /tmp/site-optladder > "$OUT/error_rates/install.log" 2>&1 \
-    || { tail -20 "$OUT/error_rates/install.log"; exit 1; }
-fi
-export PYTHONPATH=/tmp/site-optladder
+source benchmarks/gpu_site.sh "$OUT/error_rates" || exit 1
 source benchmarks/gpu_smollm2.sh
 [ ${#SMOL[@]} -gt 0 ] || { echo "the GGUF pieces are not all here: see benchmarks/gpu_near_tie.sh"; exit 2; }
 export OPTLADDER_CACHE=/tmp/stage/cache

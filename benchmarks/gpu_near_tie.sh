@@ -16,11 +16,7 @@ MODE=${1:?usage: $0 stage|run}
 PY=${PY:-python3}
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT/near_tie"
-if [ ! -d /tmp/site-optladder/hydra ] && [ -d wheelhouse ]; then
-  $PY deploy/install.py --from wheelhouse --target /tmp/site-optladder > "$OUT/near_tie/install.log" 2>&1 \
-    || { tail -20 "$OUT/near_tie/install.log"; exit 1; }
-fi
-export PYTHONPATH=/tmp/site-optladder
+source benchmarks/gpu_site.sh "$OUT/near_tie" || exit 1
 if [ "$MODE" = stage ]; then
   SMOLLM2_STAGE_ONLY=1 source benchmarks/gpu_smollm2.sh
   exit $?

@@ -55,7 +55,17 @@ def fake_vllm_python(tmp_path: Path, version: str = "0.32.0+cpu", server: str = 
     return exe
 
 
+def assert_gone(pid: int, within_s: float = 20.0) -> None:
+    """The process `pid` (a server's child) ends within `within_s`: gone, or a zombie awaiting its parent."""
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline and psutil.pid_exists(pid) and \
+            psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+        time.sleep(0.2)
+    assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+
+
 # --- vLLM missing from the interpreter that would run it ---
+
 def test_an_interpreter_without_vllm_is_refused_in_one_line_before_anything_runs(tmp_path):
     """The issue's new user: engine.server.python is a Python without vLLM (here: this project's own .venv)."""
     t0 = time.monotonic()
@@ -177,12 +187,7 @@ def test_a_failed_start_leaves_its_log_in_the_given_directory_and_no_process(tmp
         make_backend(model, engine, log_dir=run_dir)
     [log] = list(run_dir.glob("vllm-*.log"))
     assert "loading weights" in log.read_text() and "no device found" in log.read_text()
-    child = int(pidfile.read_text())
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline and psutil.pid_exists(child) and \
-            psutil.Process(child).status() != psutil.STATUS_ZOMBIE:
-        time.sleep(0.2)
-    assert not psutil.pid_exists(child) or psutil.Process(child).status() == psutil.STATUS_ZOMBIE
+    assert_gone(int(pidfile.read_text()))
 
 
 def test_a_run_whose_server_fails_to_start_is_marked_failed_with_the_servers_log(tmp_path):
@@ -213,12 +218,7 @@ def test_a_run_whose_server_fails_to_start_is_marked_failed_with_the_servers_log
     client = MlflowClient(uri)
     runs = client.search_runs([client.get_experiment_by_name("optladder").experiment_id])
     assert [r.info.status for r in runs] == ["FAILED"]
-    child = int(pidfile.read_text())
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline and psutil.pid_exists(child) and \
-            psutil.Process(child).status() != psutil.STATUS_ZOMBIE:
-        time.sleep(0.2)
-    assert not psutil.pid_exists(child) or psutil.Process(child).status() == psutil.STATUS_ZOMBIE
+    assert_gone(int(pidfile.read_text()))
 
 
 # --- +ladder=vllm on the CPU, end to end ---
