@@ -46,6 +46,26 @@ def latency_gate(verdict: dict) -> dict:
     return next(g for g in verdict["gates"] if g["gate"] == "latency_max_regression")
 
 
+RAW_FIELDS = ("id", "scheduled_at", "sent_at", "first_token_at", "finished_at", "input_tokens", "output_tokens", "ok")
+
+
+def compact(run_dir: Path) -> dict | None:
+    """A switchback A/B's raw timings without the token times: per arm its blocks (request ids) and one row per
+    request (RAW_FIELDS), and the replay order (switchback.json); None for an A/B of whole runs."""
+    order = run_dir / "switchback.json"
+    if not order.exists():
+        return None
+    out = {"fields": RAW_FIELDS, "order": json.loads(order.read_text()), "arms": {}}
+    for arm in ("control", "candidate"):
+        d = next(run_dir.glob(f"{arm}-r*"), None)
+        if d is None or not (d / "requests.jsonl").exists():
+            continue
+        rows = [json.loads(line) for line in (d / "requests.jsonl").read_text().splitlines() if line.strip()]
+        out["arms"][arm] = {"blocks": json.loads((d / "blocks.json").read_text()) if (d / "blocks.json").exists()
+                            else None, "requests": [[r.get(f) for f in RAW_FIELDS] for r in rows]}
+    return out
+
+
 def table(rows: list[dict], head: str) -> str:
     lines = [head, "", "| arms | A/Bs | pass | fail | inconclusive | right | median change | median half-width | "
              "median MDE |", "|---|---|---|---|---|---|---|---|---|"]
@@ -74,6 +94,8 @@ def main() -> int:
     ap.add_argument("--slowdowns", default="0.1,0.2")
     ap.add_argument("--runs", type=int, default=10)
     ap.add_argument("--deadline-s", type=float, default=None, help="start no A/B after this many seconds")
+    ap.add_argument("--resume", action="store_true",
+                    help="keep the A/Bs of --out's results.json (same overrides) and run only the others")
     ap.add_argument("--keep-runs", action="store_true", help="keep each A/B's run directories (default: verdicts)")
     ap.add_argument("--table", type=Path, default=None, metavar="RESULTS_JSON",
                     help="print the table of a results.json written earlier, and run nothing")
@@ -95,12 +117,23 @@ def main() -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     slowdowns = [float(x) for x in args.slowdowns.split(",") if x]
     rows: list[dict] = []
+    done: set[tuple[str, int]] = set()
+    if args.resume and (args.out / "results.json").exists():
+        old = json.loads((args.out / "results.json").read_text())
+        if old["overrides"] != args.overrides:
+            raise SystemExit(f"--resume: {args.out / 'results.json'} was measured with other overrides "
+                             f"({' '.join(old['overrides'])}); give another --out")
+        rows = [r for r in old["rows"] if r["status"] != "error"]
+        done = {(r["kind"], r["seed"]) for r in rows}
+        print(f"resumed: {len(rows)} A/Bs from {args.out / 'results.json'}", flush=True)
     import torch
 
     head = (f"latency gate error rates; overrides: {' '.join(args.overrides)}; torch {torch.__version__}, "
             f"{platform.processor() or platform.machine()}"
             f"{', ' + torch.cuda.get_device_name() if torch.cuda.is_available() else ''}")
     for kind, slow, seed in plan(args.aa, slowdowns, args.runs):
+        if (kind, seed) in done:
+            continue
         if args.deadline_s is not None and time.monotonic() - t_start > args.deadline_s:
             print(f"deadline: {args.deadline_s:.0f} s passed, {len(rows)} A/Bs done", flush=True)
             break
@@ -130,6 +163,10 @@ def main() -> int:
                "reason": g["reason"]}
         rows.append(row)
         print(json.dumps({k: v for k, v in row.items() if k != "reason"}), flush=True)
+        raw = compact(run_dir)
+        if raw is not None:  # per request and block, both arms: enough to recompute any statistic later
+            (args.out / "raw").mkdir(exist_ok=True)
+            (args.out / "raw" / f"{kind}-s{seed}.json").write_text(json.dumps(raw, separators=(",", ":")))
         if not args.keep_runs:
             keep = run_dir / "verdict.json"
             (args.out / "verdicts").mkdir(exist_ok=True)

@@ -99,6 +99,8 @@ class GateConfig:
     latency_gains: metric -> required relative improvement in its good direction (0.0: not worse;
         negative: that much regression allowed). Applies to throughput too (higher is better there).
     latency_max_regression: metric -> largest relative change in its bad direction that still passes.
+        In every metric mapping a metric set to null is not gated (Hydra merges a dict given on the command line
+        into the default one: `gate.latency_max_regression={perf/e2e_ms_p99:null,perf/e2e_ms_p90:0.1}`).
     memory_ceilings_gb: metric -> ceiling on the candidate's value, in GB.
     min_pairs: fewer paired requests than this make a bootstrap gate inconclusive, because the
         percentile bootstrap understates the spread of tiny samples.
@@ -117,21 +119,21 @@ class GateConfig:
         answers does not decide, and a non-inferiority check against the references decides only by failing.
     """
 
-    quality_margins_rel: dict[str, float] = field(default_factory=_default_quality_margins)
+    quality_margins_rel: dict[str, Optional[float]] = field(default_factory=_default_quality_margins)
     min_exact_match_lossless: float = 0.99
     lossless_check: str = "auto"
     near_tie_top_k: int = 5
     near_tie_margin: float = 1.0
     near_tie_max_drift_float32: Optional[float] = 0.01
     environment_check: str = "latency"
-    control_agreement_min: dict[str, float] = field(default_factory=_default_agreement)
-    latency_gains: dict[str, float] = field(default_factory=dict)
-    latency_max_regression: dict[str, float] = field(default_factory=lambda: {"perf/e2e_ms_p99": 0.10})
-    memory_ceilings_gb: dict[str, float] = field(default_factory=dict)
+    control_agreement_min: dict[str, Optional[float]] = field(default_factory=_default_agreement)
+    latency_gains: dict[str, Optional[float]] = field(default_factory=dict)
+    latency_max_regression: dict[str, Optional[float]] = field(default_factory=lambda: {"perf/e2e_ms_p99": 0.10})
+    memory_ceilings_gb: dict[str, Optional[float]] = field(default_factory=dict)
     alpha: float = 0.05
     n_boot: int = 2000
     min_pairs: int = 10
-    run_noise: dict[str, float] = field(default_factory=dict)
+    run_noise: dict[str, Optional[float]] = field(default_factory=dict)
     run_noise_weight: float = 4.0
     seed: int = 0
     kl_max_mean: Optional[float] = 0.01
@@ -147,6 +149,8 @@ class GateConfig:
         return {m: float(b) for m, b in bounds.items() if b is not None}
 
     def __post_init__(self) -> None:
+        for key in METRIC_MAPPINGS:  # a metric set to null is not gated
+            setattr(self, key, {k: v for k, v in getattr(self, key).items() if v is not None})
         for name, margin in self.quality_margins_rel.items():
             if not validate_metric(name).endswith("_vs_ref"):
                 raise ValueError(
@@ -209,13 +213,18 @@ class GateConfig:
         if unknown:
             raise ValueError(f"unknown gate key(s) {', '.join(map(repr, unknown))}; "
                              f"valid: {', '.join(known)}")
-        for key in ("quality_margins_rel", "latency_gains", "latency_max_regression", "memory_ceilings_gb",
-                    "control_agreement_min", "run_noise"):
+        for key in METRIC_MAPPINGS:
             if key in d:
                 if not isinstance(d[key], dict):
                     raise ValueError(f"gate.{key} must be a mapping of metric -> number, got {d[key]!r}")
-                d[key] = {str(k): _number(f"gate.{key}[{k!r}]", v) for k, v in d[key].items()}
+                # a metric set to null is not gated: on the command line a dict is merged into the default one,
+                # so `gate.latency_max_regression={perf/e2e_ms_p99:null,perf/e2e_ms_p90:0.1}` swaps the metric
+                d[key] = {str(k): _number(f"gate.{key}[{k!r}]", v) for k, v in d[key].items() if v is not None}
         return cls(**d)
+
+
+METRIC_MAPPINGS = ("quality_margins_rel", "latency_gains", "latency_max_regression", "memory_ceilings_gb",
+                   "control_agreement_min", "run_noise")
 
 
 def _number(what: str, value: Any) -> float:
