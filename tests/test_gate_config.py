@@ -112,3 +112,26 @@ def test_from_dict_converts_numbers_and_refuses_what_it_cannot():
     with pytest.raises(ValueError, match=re.escape("gate.memory_ceilings_gb['perf/peak_mem_gb'] must be a number, "
                                                    "got 'lots'")):
         GateConfig.from_dict({"memory_ceilings_gb": {"perf/peak_mem_gb": "lots"}})
+
+
+def test_null_drops_a_metric_from_a_gate_and_a_value_must_still_be_a_number():
+    from omegaconf import OmegaConf
+
+    from tests.conftest import compose_config
+
+    cfg = compose_config(["++gate.latency_max_regression={perf/e2e_ms_p99:null,perf/e2e_ms_p90:0.1}"])
+    gate = GateConfig.from_dict(OmegaConf.to_container(cfg.gate, resolve=True))
+    assert "perf/e2e_ms_p99" not in gate.latency_max_regression
+    assert gate.latency_max_regression["perf/e2e_ms_p90"] == 0.1
+    default = GateConfig.from_dict(OmegaConf.to_container(compose_config([]).gate, resolve=True))
+    assert "perf/e2e_ms_p99" in default.latency_max_regression  # the default gates p99; only the null removed it
+    # the other metrics of the default mapping stay as they were
+    assert {k: v for k, v in gate.latency_max_regression.items() if k != "perf/e2e_ms_p90"} == {
+        k: v for k, v in default.latency_max_regression.items() if k != "perf/e2e_ms_p99"}
+    for key in ("latency_gains", "memory_ceilings_gb", "quality_margins_rel"):
+        assert GateConfig(**{key: {"perf/peak_mem_gb" if key == "memory_ceilings_gb" else
+                                   "quality/bleu_vs_ref" if key == "quality_margins_rel" else
+                                   "perf/throughput_req_s": None}}).__dict__[key] == {}
+    with pytest.raises(ValueError, match=re.escape("gate.latency_max_regression['perf/e2e_ms_p90'] must be a number, "
+                                                   "got 'fast'")):
+        GateConfig.from_dict({"latency_max_regression": {"perf/e2e_ms_p99": None, "perf/e2e_ms_p90": "fast"}})

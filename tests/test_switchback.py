@@ -205,6 +205,16 @@ def test_the_budget_is_checked_before_the_replay_with_the_fix():
     lines = budget_warnings(cfg, 32, "runs", 1)
     assert any("0.3 lie beyond p99" in x and "500 requests give it 5" in x and "perf/e2e_ms_p50" in x
                for x in lines), lines
+    # the override it names composes, and with it the tail warning is gone
+    tail = next(x for x in lines if "lie beyond p99" in x and "latency_max_regression" in x)
+    fix = tail.split("('")[1].split("')")[0]
+    from omegaconf import OmegaConf
+
+    from tests.conftest import compose_config
+    fixed = GateConfig.from_dict({**OmegaConf.to_container(compose_config([fix]).gate, resolve=True),
+                                  "run_noise": {"perf/e2e_ms_p99": 0.10}})
+    assert "perf/e2e_ms_p99" not in fixed.latency_max_regression, fix
+    assert not [x for x in budget_warnings(fixed, 32, "runs", 1) if "latency_max_regression[perf/e2e_ms_p99]" in x]
     noise = [x for x in lines if "run noise alone" in x]
     assert noise and "ab.design=switchback" in noise[0] and "ab.repeats>=" in noise[0], lines
     # the floor falls with more pairs: the repeats it names do clear the bound

@@ -100,7 +100,7 @@ class GateConfig:
         negative: that much regression allowed). Applies to throughput too (higher is better there).
     latency_max_regression: metric -> largest relative change in its bad direction that still passes.
         In every metric mapping a metric set to null is not gated (Hydra merges a dict given on the command line
-        into the default one: `gate.latency_max_regression={perf/e2e_ms_p99:null,perf/e2e_ms_p90:0.1}`).
+        into the default one: `++gate.latency_max_regression={perf/e2e_ms_p99:null,perf/e2e_ms_p90:0.1}`).
     memory_ceilings_gb: metric -> ceiling on the candidate's value, in GB.
     min_pairs: fewer paired requests than this make a bootstrap gate inconclusive, because the
         percentile bootstrap understates the spread of tiny samples.
@@ -218,7 +218,7 @@ class GateConfig:
                 if not isinstance(d[key], dict):
                     raise ValueError(f"gate.{key} must be a mapping of metric -> number, got {d[key]!r}")
                 # a metric set to null is not gated: on the command line a dict is merged into the default one,
-                # so `gate.latency_max_regression={perf/e2e_ms_p99:null,perf/e2e_ms_p90:0.1}` swaps the metric
+                # so `++gate.latency_max_regression={perf/e2e_ms_p99:null,perf/e2e_ms_p90:0.1}` swaps the metric
                 d[key] = {str(k): _number(f"gate.{key}[{k!r}]", v) for k, v in d[key].items() if v is not None}
         return cls(**d)
 

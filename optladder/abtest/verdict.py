@@ -264,7 +264,9 @@ def budget_warnings(cfg: GateConfig, requests: int, design: str, repeats: int) -
         if q is not None and requests * (1 - q) < MIN_TAIL_REQUESTS:
             need = tail_requests_needed(q)
             lower = [s for s, x in _QUANTILES.items() if x is not None and requests * (1 - x) >= MIN_TAIL_REQUESTS]
-            alt = f", or gate {metric.rsplit('_', 1)[0]}_{lower[-1]} instead" if lower else ""
+            low = f"{metric.rsplit('_', 1)[0]}_{lower[-1]}" if lower else ""
+            alt = (f", or gate {low} instead ('++gate.{gate}={{{metric}:null,{low}:{bound:g}}}')"
+                   if low else "")
             out.append(f"gate.{gate}[{metric}] over {requests} requests: {requests * (1 - q):.1f} lie beyond "
                        f"p{q * 100:g}, so it is about their largest value; {need} requests give it "
                        f"{MIN_TAIL_REQUESTS} (workload.num_requests={need}){alt}")
