@@ -191,17 +191,29 @@ def near_tie_h100() -> str:
             f"{'all' if all(c['verdict'] == 'fail' for c in bugs) else 'not all'} {len(bugs)} planted bugs fail")
 
 
-def error_rates() -> str:
-    """From the table `python benchmarks/error_rates.py --table gpu_h100_smollm2.json` prints."""
+def error_rate_table(name: str) -> tuple[dict, dict, dict, dict]:
+    """The rows of error_rates/<name> and its table as `python benchmarks/error_rates.py --table` prints it."""
     spec = importlib.util.spec_from_file_location("error_rates", ROOT / "benchmarks" / "error_rates.py")
     er = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(er)
-    d = load("error_rates/gpu_h100_smollm2.json")
+    d = load(f"error_rates/{name}")
     lines = [line for line in er.table(d["rows"], d["head"]).splitlines() if line.startswith("|")]
     head = [c.strip() for c in lines[0].strip("|").split("|")]
     t = {cells[0]: dict(zip(head, cells)) for cells in
          ([c.strip() for c in line.strip("|").split("|")] for line in lines[2:])}
-    aa, s10, s20 = t["identical (A/A)"], t["candidate +10% a step"], t["candidate +20% a step"]
+    return d, t["identical (A/A)"], t["candidate +10% a step"], t["candidate +20% a step"]
+
+
+def error_rates_allon() -> str:
+    d, aa, s10, s20 = error_rate_table("gpu_h100_allon.json")
+    return (f"switchback A/Bs on E2E p90 ({len(d['rows'])} of 40 so far): A/A {aa['fail']} of {aa['A/Bs']} failed, "
+            f"{aa['pass']} passed, median interval ±{aa['median half-width']}; +10% a step failed {s10['fail']} "
+            f"of {s10['A/Bs']}; +20% failed {s20['fail']} of {s20['A/Bs']}")
+
+
+def error_rates() -> str:
+    """From the table `python benchmarks/error_rates.py --table gpu_h100_smollm2.json` prints."""
+    d, aa, s10, s20 = error_rate_table("gpu_h100_smollm2.json")
     partial = int(aa["A/Bs"]) < 20 or int(s10["A/Bs"]) < 10 or int(s20["A/Bs"]) < 10  # the issue's counts
     return (f"switchback A/Bs ({'partial: ' if partial else ''}{len(d['rows'])}): A/A median interval "
             f"±{aa['median half-width']}, {aa['fail']} of {aa['A/Bs']} failed; +20% a step failed {s20['fail']} of "
@@ -237,7 +249,8 @@ ROWS = {"cpu_switches": ("cpu_switches", None, None, cpu_switches), "gpu_h200": 
         "gpu_ladder_h200:smollm2": ("gpu_ladder_h200", "H200", "SmolLM2", gpu_ladder_smollm2),
         "near_tie_calibration:cpu": ("near_tie_calibration", "2-core EPYC CPU", None, near_tie_cpu),
         "near_tie_calibration:h100": ("near_tie_calibration", "H100", None, near_tie_h100),
-        "error_rates": ("error_rates", None, None, error_rates), "lossy_cpu": ("lossy_cpu", None, None, lossy_cpu)}
+        "error_rates": ("error_rates", "H100", "SmolLM2-135M, bf16, eager", error_rates),
+        "error_rates:allon": ("error_rates", "H100", "SmolLM2-135M, bf16, all switches on", error_rates_allon), "lossy_cpu": ("lossy_cpu", None, None, lossy_cpu)}
 
 
 def test_every_headline_row_is_checked():

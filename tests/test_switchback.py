@@ -291,3 +291,72 @@ def test_a_store_lost_before_a_deferred_run_opens_keeps_the_run(tmp_path, monkey
     with pytest.raises(tracking.TrackingUnreachable):  # not deferred: refused before the engine loads
         with ArmSession(cfg, tmp_path / "arm2"):
             pass
+
+
+def test_sequential_looks_are_checked_and_fall_on_equal_shares():
+    from optladder.experiments.switchback import look_points
+
+    assert look_points(15, 3) == [5, 10] and look_points(8, 2) == [4] and look_points(10, 1) == []
+    with pytest.raises(ValueError, match=r"ab.looks must be an integer >= 1 \(1: no interim look\), got 0"):
+        ABConfig(design="switchback", looks=0)
+    with pytest.raises(ValueError, match="ab.looks=3 stops a switchback early; ab.design='runs' has no blocks"):
+        ABConfig(looks=3)
+    with pytest.raises(ValueError, match=r"ab.looks=4 needs at least 2 blocks a look .* raise ab.blocks to 8"):
+        ABConfig(design="switchback", blocks=6, looks=4)
+
+
+def test_an_interim_look_stops_on_a_decision_only():
+    from optladder.abtest.verdict import interim_latency
+
+    rng = np.random.default_rng(3)
+    c, k = blocks(rng, 6, 100, 0.30, 0.01)
+    cfg = GateConfig(n_boot=400, alpha=0.05 / 3)
+    slow, same = arm("k", k), arm("c", c)
+    status, results = interim_latency(same.blocks, slow.blocks, cfg)
+    assert status == "fail" and all(r.status == "fail" for r in results if r.metric.startswith("perf/e2e")), results
+    status, results = interim_latency(same.blocks, arm("c", c).blocks, cfg)
+    assert status == "pass" and results and {r.status for r in results} == {"pass"}, [r.reason for r in results]
+    # 12 requests: p99 is gated on a lower percentile, where a pass does not pass it: no early stop
+    status, _ = interim_latency([b[:2] for b in same.blocks], [b[:2] for b in same.blocks], cfg)
+    assert status is None
+    # nothing on an interval (a throughput gain only): nothing to stop early on
+    only_tput = GateConfig(latency_gains={"perf/throughput_req_s": 0.1}, latency_max_regression={})
+    assert interim_latency(same.blocks, slow.blocks, only_tput) == (None, [])
+
+
+@pytest.mark.e2e
+def test_a_sequential_switchback_stops_at_the_first_look_that_decides(tmp_path, one_torch_thread):
+    code, v = run_switchback_ab(tmp_path, "ab.candidate=['faults.step_slowdown=3.0']", "workload.num_requests=32",
+                                "ab.blocks=8", "ab.looks=2")
+    assert v["looks"] == [{"after_blocks": 4, "decided": "fail"}], v["looks"]
+    assert v["blocks_played"] == 4 and v["alpha"] == pytest.approx(0.025) and code == 1
+    g = next(g for g in v["gates"] if g["metric"] == "perf/e2e_ms_p99")
+    assert "4 switchback blocks" in g["reason"] and "97.5% CI" in g["reason"] and g["status"] == "fail", g["reason"]
+    played = json.loads((tmp_path / "ab" / "switchback.json").read_text())
+    assert len(played) == 8  # 4 blocks, 2 arms: the other 4 blocks never ran
+    assert json.loads((tmp_path / "ab" / "looks.json").read_text()) == v["looks"]
+
+
+def test_interim_looks_on_committed_gpu_ab_match_their_verdicts():
+    """benchmarks/sequential_replay.py on two committed H100 A/Bs: one look gives back each A/B's committed
+    verdict from its raw timings (the interim check is the gate), and a clear +20% is decided before the end."""
+    import importlib.util
+
+    from tests.conftest import compose_config
+    from omegaconf import OmegaConf
+
+    root = CONF.parents[1]
+    spec = importlib.util.spec_from_file_location("sequential_replay", root / "benchmarks" / "sequential_replay.py")
+    sr = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(sr)
+    res = root / "benchmarks" / "results" / "error_rates"
+    raw = sr.read_raw(res / "gpu_h100_allon_raw.tgz")
+    committed = {f"{r['kind']}-s{r['seed']}": r for r in json.loads((res / "gpu_h100_allon.json").read_text())["rows"]}
+    cfg = compose_config(["++gate.latency_max_regression={perf/e2e_ms_p99:null,perf/e2e_ms_p90:0.1}"])
+    gate = GateConfig.from_dict(OmegaConf.to_container(cfg.gate, resolve=True))
+    for name in ("aa-s1", "slow0.2-s2"):
+        ctrl, cand = sr.arm_blocks(raw[name], "control"), sr.arm_blocks(raw[name], "candidate")
+        assert len(ctrl) == 15 and sum(len(b) for b in ctrl) == 300
+        assert sr.sequential(ctrl, cand, gate, 1) == (committed[name]["verdict"], 15), name
+    status, played = sr.sequential(ctrl, cand, gate, 3)
+    assert status == "fail" and played < 15, (status, played)

@@ -110,7 +110,7 @@ def _pct(x: float) -> str:
 
 
 def _ci(iv: Interval, alpha: float) -> str:
-    return f"{_pct(iv.estimate)} [{1 - alpha:.0%} CI {_pct(iv.low)}, {_pct(iv.high)}; n={iv.n}]"
+    return f"{_pct(iv.estimate)} [{round((1 - alpha) * 100, 2):g}% CI {_pct(iv.low)}, {_pct(iv.high)}; n={iv.n}]"
 
 
 def _unmeasured(gate: str, metric: str, c: float | None, k: float | None) -> GateResult:
@@ -230,6 +230,31 @@ def _switchback_gate(gate: str, metric: str, bound: float, control: ArmResult, c
                       f"switchback blocks ({dropped} requests dropped; interval from resampling blocks){tail}"
                       f"{resolves}; {limit} -> {status}", c, k, iv, bound, mde=pw.mde,
                       pairs_to_decide=pw.pairs_to_decide)
+
+
+def interim_latency(control_blocks: list[list[RequestRecord]], candidate_blocks: list[list[RequestRecord]],
+                    cfg: GateConfig) -> tuple[Status | None, list[GateResult]]:
+    """An interim look of a sequential switchback (ab.looks): the latency gates on the blocks played so far, each
+    interval at cfg.alpha (the caller passes alpha / looks). 'fail' where one of them fails, 'pass' where every one
+    passes, None while any is undecided or none is on an interval (then there is nothing to stop early on)."""
+    results = []
+    for gate, bounds, sign_flip in (("latency_gain", cfg.latency_gains, -1.0),
+                                    ("latency_max_regression", cfg.latency_max_regression, 1.0)):
+        for metric, b in bounds.items():
+            m = PAIRED_LATENCY.match(metric)
+            if m is None:
+                continue  # a point value (throughput): judged once, at the end
+            ctrl = ArmResult("control", {}, [r for x in control_blocks for r in x], {}, [], "", "",
+                             blocks=control_blocks)
+            cand = ArmResult("candidate", {}, [r for x in candidate_blocks for r in x], {}, [], "", "",
+                             blocks=candidate_blocks)
+            sign = -1.0 if higher_is_better(metric) else 1.0
+            results.append(_switchback_gate(gate, metric, sign_flip * b, ctrl, cand, cfg, *m.groups(), sign,
+                                            f"{metric} (interim): change", "", math.nan, math.nan))
+    statuses = {r.status for r in results}
+    if "fail" in statuses:
+        return "fail", results
+    return ("pass" if statuses == {"pass"} else None), results
 
 
 MIN_TAIL_REQUESTS = 5  # requests beyond a percentile for it to be more than the sample's few largest values

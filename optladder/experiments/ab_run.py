@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import logging
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from hydra import compose
@@ -15,7 +15,7 @@ from omegaconf import DictConfig, OmegaConf
 from optladder.abtest.gates import GateConfig
 from optladder.abtest.lossless import arms_lossless, lossless_check, opts_in_effect_differ, teacher_forcing_covers
 from optladder.abtest.rollout import DEFAULT_REGISTRY, promote, rollout_plan
-from optladder.abtest.verdict import (ArmResult, Verdict, budget_warnings, check_same_traffic, decide,
+from optladder.abtest.verdict import (ArmResult, Verdict, budget_warnings, check_same_traffic, decide, interim_latency,
                                       verdict_table)
 from optladder.engine.loader import resolve_device
 from optladder.engine.validation import validate_engine
@@ -247,8 +247,14 @@ def run_ab(cfg: DictConfig, run_dir: Path, overrides: list[str], choices: dict) 
     with Tracker(OmegaConf.to_object(cfg.tracking), f"ab:{ab.name}",
                  {"optladder.kind": "ab", "ab": ab.name, "optladder.design": ab.design}, run_dir=run_dir) as parent:
         order = [control, candidate] if ab.first == "control" else [candidate, control]
+        looks: list[dict] = []
+        if ab.looks > 1:  # sequential: every interval at alpha / looks, so that peeking keeps the error rates
+            gate = replace(gate, alpha=gate.alpha / ab.looks)
         if ab.design == "switchback":
-            run_switchback(order, ab.blocks, run_dir, parent.run_id, progress=bool(cfg.replay.progress))
+            stop = ((lambda arms: interim_latency(arms["control"], arms["candidate"], gate)[0])
+                    if ab.looks > 1 else None)
+            looks = run_switchback(order, ab.blocks, run_dir, parent.run_id, progress=bool(cfg.replay.progress),
+                                   looks=ab.looks, stop=stop)
         else:
             run_arms(order, ab.repeats, run_dir, parent.run_id)
         verdict, cand, lossless, why = gate_pair(control, candidate, gate)
@@ -258,6 +264,8 @@ def run_ab(cfg: DictConfig, run_dir: Path, overrides: list[str], choices: dict) 
             log.warning("the arms differ in an opt they did not ask to: %s", line)
         out = {"ab": ab.name, "control": control.overrides, "candidate": candidate.overrides, "first": ab.first,
                "repeats": ab.repeats, "design": ab.design, "blocks": ab.blocks if ab.design == "switchback" else None,
+               "blocks_played": len(control.runs[0].blocks) if ab.design == "switchback" else None,
+               "looks": looks, "alpha": gate.alpha,
                "budget_warnings": budget, "candidate_lossless": lossless, "lossless_reason": why, "opts_in_effect_differ": unasked,
                **verdict.to_dict(),
                "control_run_ids": [r.run_id for r in control.runs],

@@ -52,11 +52,24 @@ class ABConfig:
     # gates' interval from resampling blocks (optladder/experiments/switchback.py)
     design: str = "runs"
     blocks: int = 10
+    # sequential stopping of a switchback: the latency gates are looked at after each of `looks` equal shares of
+    # the blocks, every interval at gate.alpha / looks (Bonferroni over the looks, so peeking keeps the error
+    # rates); the replay stops at the first look where every latency gate is decided. 1: one look, at the end
+    looks: int = 1
 
     def __post_init__(self) -> None:
         if self.repeats < 1:
             raise ValueError(f"ab.repeats must be >= 1, got {self.repeats}")
         check_design(self.design, self.blocks, self.repeats, "ab")
+        if not isinstance(self.looks, int) or self.looks < 1:
+            raise ValueError(f"ab.looks must be an integer >= 1 (1: no interim look), got {self.looks!r}")
+        if self.looks > 1 and self.design != "switchback":
+            raise ValueError(f"ab.looks={self.looks} stops a switchback early; ab.design={self.design!r} has no "
+                             "blocks to stop between: set ab.design=switchback or leave ab.looks=1")
+        if self.looks > 1 and self.blocks < 2 * self.looks:
+            raise ValueError(f"ab.looks={self.looks} needs at least 2 blocks a look (an interval needs 2 blocks), "
+                             f"ab.blocks={self.blocks} has {self.blocks / self.looks:.1f}: raise ab.blocks to "
+                             f"{2 * self.looks} or lower ab.looks")
         if self.first not in ARMS:
             raise ValueError(f"ab.first={self.first!r} is not one of {list(ARMS)}")
         if list(self.candidate) == list(self.control) and not self.aa:

@@ -29,6 +29,7 @@ from optladder.traffic.request import Request
 log = logging.getLogger(__name__)
 
 BLOCKS_FILE = "blocks.json"
+LOOKS_FILE = "looks.json"
 ORDER_FILE = "switchback.json"  # in the A/B's directory: every replay in the order it ran
 
 
@@ -49,7 +50,14 @@ def split_blocks(requests: list[Request], blocks: int) -> list[list[Request]]:
     return out
 
 
-def run_switchback(arms, blocks: int, out_dir: Path, parent_run_id: str | None, progress: bool = True) -> None:
+def look_points(blocks: int, looks: int) -> list[int]:
+    """After how many blocks each interim look of a sequential switchback comes (the last, at the end, is not
+    interim): `looks` near-equal shares of the blocks."""
+    return sorted({round(j * blocks / looks) for j in range(1, looks)} - {0, blocks})
+
+
+def run_switchback(arms, blocks: int, out_dir: Path, parent_run_id: str | None, progress: bool = True,
+                   looks: int = 1, stop=None) -> list[dict]:
     """Load every arm's engine (each an ArmSession), replay the blocks with the arms taking turns in a fixed order
     (AB AB AB ...), then finish each arm's run in turn (metrics, quality, its MLflow run) and close it. Each arm
     gets one ExperimentResult in arm.runs, its records of each block in .blocks.
@@ -59,7 +67,11 @@ def run_switchback(arms, blocks: int, out_dir: Path, parent_run_id: str | None, 
     since the arm loaded second opens one block more (it warms up last), A/As came out biased: median change -9%
     over 10 A/As (benchmarks/results/error_rates/README.md). AB AB gives every replay the same history (the other
     arm ran just before it); the arm order within a block is then fixed, which a slow drift over one replay's
-    length could bias by a fraction of that drift."""
+    length could bias by a fraction of that drift.
+
+    looks > 1 (ab.looks): after each of look_points(blocks, looks), stop({arm name: its blocks' records so far})
+    is asked; 'pass' or 'fail' ends the replay there (the remaining blocks are not played). Returns the looks made,
+    each {"after_blocks", "decided"}, also written to looks.json."""
     from optladder.experiments.experiment import ArmSession, free_device_memory
 
     requests = arms[0].prepared.workload.requests
@@ -81,8 +93,16 @@ def run_switchback(arms, blocks: int, out_dir: Path, parent_run_id: str | None, 
         clock = [0.0] * len(arms)  # each arm's blocks laid end to end
         took = [0.0] * len(arms)
         t_start = time.monotonic()
+        points = set(look_points(len(parts), looks)) if stop is not None else set()
+        made: list[dict] = []
         with tqdm(total=len(parts) * len(arms), desc="switchback", unit="block", disable=not progress) as bar:
             for b, part in enumerate(parts):
+                if b in points:  # an interim look, before block b: the first b blocks of every arm
+                    decided = stop({a.name: per_arm[i] for i, a in enumerate(arms)})
+                    made.append({"after_blocks": b, "decided": decided})
+                    log.info("switchback: look after %d of %d blocks: %s", b, len(parts), decided or "undecided")
+                    if decided in ("pass", "fail"):
+                        break
                 for i in range(len(arms)):  # AB AB AB: each replay follows the other arm's (see the docstring)
                     t0 = time.monotonic()
                     recs = sessions[i].replay(part, quiet[i], time_offset=clock[i])
@@ -97,7 +117,9 @@ def run_switchback(arms, blocks: int, out_dir: Path, parent_run_id: str | None, 
                     clock[i] = max(ends) if ends else clock[i] + dt
                     bar.update(1)
         (out_dir / ORDER_FILE).write_text(json.dumps(played, indent=1))
-        log.info("switchback: %d blocks of ~%d requests on %d arms in %.0f s (%s)", len(parts),
+        if stop is not None:
+            (out_dir / LOOKS_FILE).write_text(json.dumps(made, indent=1))
+        log.info("switchback: %d of %d blocks of ~%d requests on %d arms in %.0f s (%s)", len(per_arm[0]), len(parts),
                  len(requests) // len(parts), len(arms), time.monotonic() - t_start,
                  ", ".join(f"{a.name} {t:.0f} s" for a, t in zip(arms, took)))
         for arm, session, recs in zip(arms, sessions, per_arm):
@@ -107,6 +129,7 @@ def run_switchback(arms, blocks: int, out_dir: Path, parent_run_id: str | None, 
             arm.runs.append(res)
             session.close()  # its MLflow run ends, its engine stops, before the next arm's run opens
             free_device_memory()
+    return made
 
 
 def read_blocks(run_dir: Path, records) -> list[list]:
