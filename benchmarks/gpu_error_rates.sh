@@ -32,11 +32,13 @@ WL=(${WORKLOAD:-workload.rate=${RATE:-20}})
 # the data (traces, prompts) for a workload= of a real trace: .gpu-data, carried by the first call, kept in
 # /tmp/gpu-data for the next ones (mkdir -p .gpu-data && cp -r ../shared/data/traces .gpu-data/)
 if [ -d .gpu-data ]; then mkdir -p /tmp/gpu-data && cp -r .gpu-data/. /tmp/gpu-data/; fi
-export OPTLADDER_DATA=${OPTLADDER_DATA:-/tmp/gpu-data}
+[ -d /tmp/gpu-data ] && export OPTLADDER_DATA=${OPTLADDER_DATA:-/tmp/gpu-data}
 # kept in /tmp between calls on one warm machine: a second call goes on where the first stopped (--resume)
 # RESUME_FROM (a results.json in the checkout, e.g. benchmarks/results/error_rates/gpu_h100_allon.json): a fresh
-# machine goes on from the A/Bs an earlier session committed (the same overrides, or error_rates.py refuses)
-ST=/tmp/error_rates-state
+# machine goes on from the A/Bs an earlier session committed (the same overrides, or error_rates.py refuses). Only
+# the rows come back: the earlier A/Bs' raw/ timings stay in the committed .tgz (merge the new raw/ into it), and
+# the header names the new machine (check that it is the same kind of card). STATE: another settings' state dir.
+ST=${STATE:-/tmp/error_rates-state}
 mkdir -p "$ST"
 if [ -n "${RESUME_FROM:-}" ] && [ ! -f "$ST/results.json" ]; then
   cp "$RESUME_FROM" "$ST/results.json" || { echo "RESUME_FROM=$RESUME_FROM: no such file"; exit 2; }

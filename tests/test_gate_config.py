@@ -125,9 +125,10 @@ def test_null_drops_a_metric_from_a_gate_and_a_value_must_still_be_a_number():
     assert gate.latency_max_regression["perf/e2e_ms_p90"] == 0.1
     default = GateConfig.from_dict(OmegaConf.to_container(compose_config([]).gate, resolve=True))
     assert "perf/e2e_ms_p99" in default.latency_max_regression  # the default gates p99; only the null removed it
-    # the other metrics of the default mapping stay as they were
-    assert {k: v for k, v in gate.latency_max_regression.items() if k != "perf/e2e_ms_p90"} == {
-        k: v for k, v in default.latency_max_regression.items() if k != "perf/e2e_ms_p99"}
+    # the dict is merged into the default one, not put in its place: a new key alone keeps the default p99
+    added = compose_config(["++gate.latency_max_regression={perf/e2e_ms_p90:0.2}"])
+    assert GateConfig.from_dict(OmegaConf.to_container(added.gate, resolve=True)).latency_max_regression == {
+        **default.latency_max_regression, "perf/e2e_ms_p90": 0.2}
     for key in ("latency_gains", "memory_ceilings_gb", "quality_margins_rel"):
         assert GateConfig(**{key: {"perf/peak_mem_gb" if key == "memory_ceilings_gb" else
                                    "quality/bleu_vs_ref" if key == "quality_margins_rel" else

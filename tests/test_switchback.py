@@ -215,6 +215,10 @@ def test_the_budget_is_checked_before_the_replay_with_the_fix():
                                   "run_noise": {"perf/e2e_ms_p99": 0.10}})
     assert "perf/e2e_ms_p99" not in fixed.latency_max_regression, fix
     assert not [x for x in budget_warnings(fixed, 32, "runs", 1) if "latency_max_regression[perf/e2e_ms_p99]" in x]
+    # the lower percentile gated already: the fix drops the tail and keeps that bound
+    both = GateConfig(latency_max_regression={"perf/e2e_ms_p99": 0.1, "perf/e2e_ms_p50": 0.05})
+    assert any("perf/e2e_ms_p50 is gated already ('++gate.latency_max_regression={perf/e2e_ms_p99:null}')" in x
+               for x in budget_warnings(both, 32, "switchback", 1))
     noise = [x for x in lines if "run noise alone" in x]
     assert noise and "ab.design=switchback" in noise[0] and "ab.repeats>=" in noise[0], lines
     # the floor falls with more pairs: the repeats it names do clear the bound
@@ -319,6 +323,10 @@ def test_an_interim_look_stops_on_a_decision_only():
     # 12 requests: p99 is gated on a lower percentile, where a pass does not pass it: no early stop
     status, _ = interim_latency([b[:2] for b in same.blocks], [b[:2] for b in same.blocks], cfg)
     assert status is None
+    # a required gain on an interval metric: 30% faster passes a 10% gain, the same arms the other way fail it
+    gain = GateConfig(n_boot=400, alpha=0.05 / 3, latency_gains={"perf/e2e_ms_p90": 0.10}, latency_max_regression={})
+    assert interim_latency(slow.blocks, same.blocks, gain)[0] == "pass"
+    assert interim_latency(same.blocks, slow.blocks, gain)[0] == "fail"
     # nothing on an interval (a throughput gain only): nothing to stop early on
     only_tput = GateConfig(latency_gains={"perf/throughput_req_s": 0.1}, latency_max_regression={})
     assert interim_latency(same.blocks, slow.blocks, only_tput) == (None, [])
@@ -329,7 +337,8 @@ def test_a_sequential_switchback_stops_at_the_first_look_that_decides(tmp_path, 
     code, v = run_switchback_ab(tmp_path, "ab.candidate=['faults.step_slowdown=3.0']", "workload.num_requests=32",
                                 "ab.blocks=8", "ab.looks=2")
     assert v["looks"] == [{"after_blocks": 4, "decided": "fail"}], v["looks"]
-    assert v["blocks_played"] == 4 and v["alpha"] == pytest.approx(0.025) and code == 1
+    assert v["blocks_played"] == 4 and v["latency_alpha"] == pytest.approx(0.025) and v["alpha"] == 0.05
+    assert code == 1
     g = next(g for g in v["gates"] if g["metric"] == "perf/e2e_ms_p99")
     assert "4 switchback blocks" in g["reason"] and "97.5% CI" in g["reason"] and g["status"] == "fail", g["reason"]
     played = json.loads((tmp_path / "ab" / "switchback.json").read_text())

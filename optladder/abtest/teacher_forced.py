@@ -97,7 +97,7 @@ def check(metric: str, bound: float, iv: Interval | None, tf: TeacherForcedScore
     if iv is None:
         return Check(metric, "inconclusive", f"{metric}: no scored position in either arm", None, None)
     scored = int((tf.positions > 0).sum())
-    head = (f"{metric}: {_fmt(iv.estimate, metric)} [{1 - alpha:.0%} CI {_fmt(iv.low, metric)}, "
+    head = (f"{metric}: {_fmt(iv.estimate, metric)} [{round((1 - alpha) * 100, 2):g}% CI {_fmt(iv.low, metric)}, "
             f"{_fmt(iv.high, metric)}; {scored} prompts, {int(tf.positions.sum())} positions]")
     if tf.approximated:
         head += f" (approximated: {tf.approximated})"

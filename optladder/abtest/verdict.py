@@ -290,8 +290,10 @@ def budget_warnings(cfg: GateConfig, requests: int, design: str, repeats: int) -
             need = tail_requests_needed(q)
             lower = [s for s, x in _QUANTILES.items() if x is not None and requests * (1 - x) >= MIN_TAIL_REQUESTS]
             low = f"{metric.rsplit('_', 1)[0]}_{lower[-1]}" if lower else ""
-            alt = (f", or gate {low} instead ('++gate.{gate}={{{metric}:null,{low}:{bound:g}}}')"
-                   if low else "")
+            gated = cfg.latency_gains if gate == "latency_gains" else cfg.latency_max_regression
+            alt = ("" if not low else
+                   f", or drop it: {low} is gated already ('++gate.{gate}={{{metric}:null}}')" if low in gated else
+                   f", or gate {low} instead ('++gate.{gate}={{{metric}:null,{low}:{bound:g}}}')")
             out.append(f"gate.{gate}[{metric}] over {requests} requests: {requests * (1 - q):.1f} lie beyond "
                        f"p{q * 100:g}, so it is about their largest value; {need} requests give it "
                        f"{MIN_TAIL_REQUESTS} (workload.num_requests={need}){alt}")
@@ -521,7 +523,8 @@ def _environment_gate(control: ArmResult, candidate: ArmResult, mode: str,
 
 def decide(control: ArmResult, candidate: ArmResult, gate: GateConfig,
            candidate_lossless: bool, lossless_check: str = "exact", random_weights: bool = False,
-           tf_covers: bool = True, near_tie: NearTieReport | None = None, float32: bool = False) -> Verdict:
+           tf_covers: bool = True, near_tie: NearTieReport | None = None, float32: bool = False,
+           latency_alpha: float | None = None) -> Verdict:
     """Apply every gate; see the module docstring for how they combine. A lossy candidate, and a lossless one
     whose check is teacher_forced (gate.lossless_check, optladder/abtest/lossless.py), is judged on the teacher-forced
     gates where they are set and were measured; its text gates are then reported. For a lossless candidate:
@@ -563,9 +566,11 @@ def decide(control: ArmResult, candidate: ArmResult, gate: GateConfig,
         _reported(agreement, f"{why}; a lossy change rewrites some answers" if not candidate_lossless
                   else f"{why}; a rounding change rewrites some answers")
     results = quality + tie + exact + agreement
-    results += [_relative_gate("latency_gain", m, -gain, control, candidate, gate)
+    # a sequential switchback (ab.looks) looked at the latency gates K times: they, and only they, at alpha / K
+    lat = gate if latency_alpha is None else replace(gate, alpha=latency_alpha)
+    results += [_relative_gate("latency_gain", m, -gain, control, candidate, lat)
                 for m, gain in gate.latency_gains.items()]
-    results += [_relative_gate("latency_max_regression", m, reg, control, candidate, gate)
+    results += [_relative_gate("latency_max_regression", m, reg, control, candidate, lat)
                 for m, reg in gate.latency_max_regression.items()]
     results += [_ceiling_gate(m, ceiling, control, candidate)
                 for m, ceiling in gate.memory_ceilings_gb.items()]

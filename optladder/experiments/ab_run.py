@@ -152,7 +152,8 @@ def resolved_dtype(resolved: dict) -> str:
         return written
 
 
-def gate_pair(control: Arm, candidate: Arm, gate: GateConfig) -> tuple[Verdict, ArmResult, bool, str]:
+def gate_pair(control: Arm, candidate: Arm, gate: GateConfig,
+              latency_alpha: float | None = None) -> tuple[Verdict, ArmResult, bool, str]:
     """The verdict of candidate against control, the candidate's measurements with its scores against the
     control's outputs added, and whether (and why) the candidate counts as lossless."""
     lossless, why = arms_lossless(control.resolved, candidate.resolved)
@@ -185,7 +186,8 @@ def gate_pair(control: Arm, candidate: Arm, gate: GateConfig) -> tuple[Verdict, 
     # the drift bound only where float32 is written in both arms: engine.dtype=auto resolves by the host that judges,
     # which for a ladder resumed elsewhere is not the host that ran it
     float32 = all(str(a.resolved.get("engine", {}).get("dtype")) == "float32" for a in (control, candidate))
-    return decide(c, k, gate, lossless, check, random_weights, covers, near, float32), k, lossless, why
+    return (decide(c, k, gate, lossless, check, random_weights, covers, near, float32, latency_alpha=latency_alpha),
+            k, lossless, why)
 
 
 def gate_metrics(verdict: Verdict) -> dict[str, float]:
@@ -248,16 +250,18 @@ def run_ab(cfg: DictConfig, run_dir: Path, overrides: list[str], choices: dict) 
                  {"optladder.kind": "ab", "ab": ab.name, "optladder.design": ab.design}, run_dir=run_dir) as parent:
         order = [control, candidate] if ab.first == "control" else [candidate, control]
         looks: list[dict] = []
-        if ab.looks > 1:  # sequential: every interval at alpha / looks, so that peeking keeps the error rates
-            gate = replace(gate, alpha=gate.alpha / ab.looks)
+        # sequential: the latency gates, looked at ab.looks times, each time at alpha / looks, so that peeking keeps
+        # their error rates; the quality gates are judged once, at gate.alpha
+        lat_alpha = gate.alpha / ab.looks if ab.looks > 1 else None
         if ab.design == "switchback":
-            stop = ((lambda arms: interim_latency(arms["control"], arms["candidate"], gate)[0])
+            lat_gate = replace(gate, alpha=lat_alpha) if lat_alpha else gate
+            stop = ((lambda arms: interim_latency(arms["control"], arms["candidate"], lat_gate)[0])
                     if ab.looks > 1 else None)
             looks = run_switchback(order, ab.blocks, run_dir, parent.run_id, progress=bool(cfg.replay.progress),
                                    looks=ab.looks, stop=stop)
         else:
             run_arms(order, ab.repeats, run_dir, parent.run_id)
-        verdict, cand, lossless, why = gate_pair(control, candidate, gate)
+        verdict, cand, lossless, why = gate_pair(control, candidate, gate, latency_alpha=lat_alpha)
         unasked = opts_in_effect_differ(control.resolved, candidate.resolved, control.runs[0].opts_effective,
                                         candidate.runs[0].opts_effective)
         for line in unasked:
@@ -265,7 +269,7 @@ def run_ab(cfg: DictConfig, run_dir: Path, overrides: list[str], choices: dict) 
         out = {"ab": ab.name, "control": control.overrides, "candidate": candidate.overrides, "first": ab.first,
                "repeats": ab.repeats, "design": ab.design, "blocks": ab.blocks if ab.design == "switchback" else None,
                "blocks_played": len(control.runs[0].blocks) if ab.design == "switchback" else None,
-               "looks": looks, "alpha": gate.alpha,
+               "looks": looks, "alpha": gate.alpha, "latency_alpha": lat_alpha or gate.alpha,
                "budget_warnings": budget, "candidate_lossless": lossless, "lossless_reason": why, "opts_in_effect_differ": unasked,
                **verdict.to_dict(),
                "control_run_ids": [r.run_id for r in control.runs],
