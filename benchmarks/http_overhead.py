@@ -3,6 +3,14 @@ and over HTTP (the locust driver, in its own process) against the stdlib server 
 ASGI one (benchmarks/asgi_server.py: Starlette under uvicorn, as vLLM runs), side by side in one run.
 
     .venv/bin/python benchmarks/http_overhead.py --out benchmarks/results/http_overhead
+    python3 benchmarks/http_overhead.py --gpu --trace .stage/azure500.json --round 0 --out $OUT/serving_path
+        (on a GPU: benchmarks/gpu_serving_path.sh; one round a call, --combine the rounds' JSON files)
+
+--gpu: Llama-3-8B's shape with random bf16 weights and every GPU switch on, the settings of
+benchmarks/gpu_serving_vs_vllm.py (60 GiB KV, 256 sequences, 8,192 batched tokens), on CUDA; the scenarios are the
+Azure trace's head (--trace: gpu_serving_vs_vllm.py --make-requests' file, --trace-requests of it) replayed open
+loop at its own timestamps divided by each of --scales: the replay `python run.py +ab=engine_vllm` made over HTTP,
+here with the same engine in process and behind each server, so that what the serving path adds is measured apart.
 
 One warm engine (the tiny random model, continuous batching, paged KV) serves every replay; the modes take
 turns round after round (in-process, ASGI, stdlib, then again...), so a drift of the machine falls on all of
@@ -44,7 +52,8 @@ TINY = ModelConfig(name="tiny", source="random", package=None, gguf_file=None, t
                    hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
                    num_key_value_heads=2, head_dim=16, max_position_embeddings=16384, init_std=0.3)
 MODES = ("in-process", "asgi", "stdlib")
-KEYS = ("perf/ttft_ms_p50", "perf/ttft_ms_p99", "perf/e2e_ms_p99", "perf/lateness_ms_p99", "perf/throughput_req_s")
+KEYS = ("perf/ttft_ms_p50", "perf/ttft_ms_p99", "perf/tpot_ms_p50", "perf/tpot_ms_p99", "perf/e2e_ms_p50",
+        "perf/e2e_ms_p99", "perf/lateness_ms_p99", "perf/throughput_req_s", "perf/throughput_out_tok_s")
 # the time in the table is wall-clock on a shared machine; CPU time per token of this process (engine plus
 # driver or server, the client excluded) is what each server costs whatever the neighbours do
 
@@ -58,13 +67,47 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--max-num-seqs", type=int, default=64)
     ap.add_argument("--threads", type=int, default=1, help="torch threads")
     ap.add_argument("--out", type=Path, help="PREFIX: writes PREFIX.md and PREFIX.json")
-    return ap.parse_args()
+    ap.add_argument("--gpu", action="store_true", help="the 8B shape on CUDA over --trace (see the docstring)")
+    ap.add_argument("--trace", type=Path, help="--gpu: the trace head (gpu_serving_vs_vllm.py --make-requests)")
+    ap.add_argument("--trace-requests", type=int, default=300, help="--gpu: the first N requests of --trace")
+    ap.add_argument("--scales", default="1,4", help="--gpu: the trace's rate multiplied by each (comma list)")
+    ap.add_argument("--round", type=int, help="--gpu: run only this round (the modes start at a rotated place)")
+    ap.add_argument("--combine", type=Path, nargs="+", help="the rounds' JSON files: one report of them all")
+    args = ap.parse_args()
+    if args.gpu and args.trace is None and not args.combine:
+        ap.error("--gpu needs --trace FILE (python3 benchmarks/gpu_serving_vs_vllm.py --make-requests CSV "
+                 "--requests FILE)")
+    if args.gpu and not args.combine and args.trace is not None and not args.trace.is_file():
+        ap.error(f"--trace {args.trace}: no such file")
+    return args
 
 
 def workload(n: int, seed: int) -> list[Request]:
     rng = random.Random(seed)
     return [Request(f"r{i:04d}", [rng.randrange(300, 40000) for _ in range(rng.randrange(16, 65))],
                     rng.randrange(16, 65)) for i in range(n)]
+
+
+def trace_workload(path: Path, n: int, scale: float, vocab: int, clip: int) -> list[Request]:
+    """The trace head's first n rows as requests at their own times / scale, token ids seeded per request
+    (the same ids gpu_serving_vs_vllm.py sends)."""
+    rows = json.loads(path.read_text())[:n]
+    out = []
+    for k, (t, n_in, n_out) in enumerate(rows):
+        rng = random.Random(k)
+        out.append(Request(f"r{k}", [rng.randrange(10, vocab) for _ in range(max(1, min(n_in, clip)))], max(1, n_out),
+                           scheduled_at=t / scale))
+    return out
+
+
+def gpu_engine():
+    """The 8B shape with every GPU switch on, as benchmarks/gpu_serving_vs_vllm.py builds it; warmed up."""
+    import gpu_serving_vs_vllm as g
+
+    engine, load_s = g.our_engine(chunked=True)
+    engine.generate(g.prompts(99, 4, 512), SamplingParams(max_tokens=16, ignore_eos=True))
+    engine.reset_stats()
+    return engine, g.SHAPE["vocab_size"], g.INPUT_CLIP, load_s
 
 
 def replay(engine: LLMEngine, mode: str, reqs: list[Request], closed: bool, concurrency: int) -> dict:
@@ -80,6 +123,8 @@ def replay(engine: LLMEngine, mode: str, reqs: list[Request], closed: bool, conc
             records = replay_http(reqs, handle.url, "tiny", cfg, pacing)
     cpu_s, wall_s = time.process_time() - cpu0, time.monotonic() - wall0
     m = compute_metrics(records)
+    if engine.device.type == "cuda":
+        torch.cuda.synchronize()
     assert engine.block_manager.all_free(), f"{mode}: KV blocks left allocated after the replay"
     tokens = sum(r.output_tokens for r in records if r.ok)
     return {**{k: m.get(k) for k in (*KEYS, "perf/requests_ok", "perf/requests_failed")},
@@ -88,34 +133,76 @@ def replay(engine: LLMEngine, mode: str, reqs: list[Request], closed: bool, conc
 
 def main() -> int:
     args = parse_args()
+    if args.combine:
+        return combine(args)
     torch.set_num_threads(args.threads)
-    engine = LLMEngine(TINY, EngineConfig(device="cpu", max_model_len=256, kv_cache_gb=0.5, paged_kv=True,
-                                          dynamic_batching=True, batched_decode=True,
-                                          max_num_seqs=args.max_num_seqs))
-    engine.generate([[5] * 32] * 8, SamplingParams(max_tokens=8))  # warm-up
-    scenarios = {"closed, 300 in flight": (workload(args.requests, 1), True),
-                 "open, burst of 300": (workload(args.burst, 2), False)}
-    if args.concurrency != 300 or args.burst != 300:
-        scenarios = {f"closed, {args.concurrency} in flight": scenarios.pop("closed, 300 in flight"),
-                     f"open, burst of {args.burst}": scenarios.pop("open, burst of 300")}
-    results: dict[str, dict[str, list[dict]]] = {s: {m: [] for m in MODES} for s in scenarios}
     t0 = time.time()
-    for rnd in range(args.rounds):
+    env: dict = {}
+    if args.gpu:
+        engine, vocab, clip, load_s = gpu_engine()
+        env = {"gpu": torch.cuda.get_device_name() if engine.device.type == "cuda" else "CPU (GPU_SERVING_TINY)", "engine_load_s": round(load_s, 1),
+               "opts": sorted(engine.enabled_opts)}
+        scenarios = {f"open, Azure head {args.trace_requests} at {s}x": (
+            trace_workload(args.trace, args.trace_requests, float(s), vocab, clip), False) for s in args.scales.split(",")}
+    else:
+        engine = LLMEngine(TINY, EngineConfig(device="cpu", max_model_len=256, kv_cache_gb=0.5, paged_kv=True,
+                                              dynamic_batching=True, batched_decode=True,
+                                              max_num_seqs=args.max_num_seqs))
+        engine.generate([[5] * 32] * 8, SamplingParams(max_tokens=8))  # warm-up
+        scenarios = {"closed, 300 in flight": (workload(args.requests, 1), True),
+                     "open, burst of 300": (workload(args.burst, 2), False)}
+        if args.concurrency != 300 or args.burst != 300:
+            scenarios = {f"closed, {args.concurrency} in flight": scenarios.pop("closed, 300 in flight"),
+                         f"open, burst of {args.burst}": scenarios.pop("open, burst of 300")}
+    results: dict[str, dict[str, list[dict]]] = {s: {m: [] for m in MODES} for s in scenarios}
+    rounds = [args.round] if args.round is not None else range(args.rounds)
+    if args.round is not None:
+        args.rounds = 1
+    for rnd in rounds:
         for name, (reqs, closed) in scenarios.items():
-            for mode in MODES:
+            for mode in MODES[rnd % len(MODES):] + MODES[:rnd % len(MODES)]:  # each round opens with another
                 r = replay(engine, mode, reqs, closed, args.concurrency)
                 r["load_avg_1m"] = os.getloadavg()[0]
+                r["round"] = rnd
                 results[name][mode].append(r)
-                print(f"round {rnd} {name:>24} {mode:>10}: TTFT p99 {r['perf/ttft_ms_p99']:8.0f} ms, lateness "
+                print(f"round {rnd} {name:>24} {mode:>10}: TTFT p99 {r['perf/ttft_ms_p99']:8.0f} ms, TPOT p50 "
+                      f"{r['perf/tpot_ms_p50']:6.2f} ms, E2E p99 {r['perf/e2e_ms_p99']:8.0f} ms, lateness "
                       f"p99 {r['perf/lateness_ms_p99']:7.1f} ms, {r['perf/throughput_req_s']:.1f} req/s, "
                       f"{r['cpu_us_per_token']:.0f} CPU µs/token, ok {r['perf/requests_ok']:.0f}", flush=True)
-    report = render(results, args, time.time() - t0)
+    report = render(results, args, time.time() - t0, env)
     print(report)
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.with_suffix(".md").write_text(report)
         args.out.with_suffix(".json").write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()},
-                                                             "results": results}, indent=2))
+                                                             "env": env, "results": results,
+                                                             "seconds": time.time() - t0}, indent=2))
+    return 0
+
+
+def combine(args) -> int:
+    """One report of several calls' JSON files (one round each): their results joined scenario by mode."""
+    parts = [json.loads(Path(f).read_text()) for f in args.combine]
+    results: dict = {}
+    for part in parts:
+        for name, by_mode in part["results"].items():
+            for mode, runs in by_mode.items():
+                results.setdefault(name, {m: [] for m in MODES})[mode] += runs
+    for by_mode in results.values():  # rounds in order, so that added() pairs each with its own round
+        for runs in by_mode.values():
+            runs.sort(key=lambda r: r.get("round", 0))
+    a = parts[0]["args"]
+    args.rounds = sum(len(next(iter(p["results"].values()))["in-process"]) for p in parts)
+    args.gpu, args.threads, args.max_num_seqs = a.get("gpu") == "True", a.get("threads"), a.get("max_num_seqs")
+    args.trace_requests = a.get("trace_requests")
+    report = render(results, args, sum(p.get("seconds", 0) for p in parts), parts[0].get("env") or {})
+    print(report)
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.with_suffix(".md").write_text(report)
+        args.out.with_suffix(".json").write_text(json.dumps({"parts": [str(f) for f in args.combine],
+                                                             "env": parts[0].get("env"), "results": results},
+                                                            indent=2))
     return 0
 
 
@@ -128,7 +215,14 @@ def added(results: dict[str, list[dict]], mode: str, key: str) -> float:
     return statistics.median(h[key] - p[key] for h, p in zip(results[mode], results["in-process"]))
 
 
-def render(results: dict, args, seconds: float) -> str:
+def ratio(results: dict[str, list[dict]], mode: str, key: str) -> float:
+    """Median over rounds of (this mode / in-process, the same round)."""
+    return statistics.median(h[key] / p[key] for h, p in zip(results[mode], results["in-process"]) if p[key])
+
+
+def render(results: dict, args, seconds: float, env: dict | None = None) -> str:
+    if getattr(args, "gpu", False):
+        return render_gpu(results, args, seconds, env or {})
     import uvicorn
     import starlette
 
@@ -156,6 +250,42 @@ def render(results: dict, args, seconds: float) -> str:
                          f"{sum(r['perf/requests_failed'] for r in runs):.0f} |")
         loads = [r["load_avg_1m"] for m in MODES for r in by_mode[m]]
         lines += ["", f"Machine load average (1 min) over these replays: {min(loads):.1f} to {max(loads):.1f}.", ""]
+    return "\n".join(lines)
+
+
+def render_gpu(results: dict, args, seconds: float, env: dict) -> str:
+    import uvicorn
+    import starlette
+
+    lines = [f"# What the serving path adds on the GPU ({args.rounds} rounds, modes alternating)", "",
+             f"`python3 benchmarks/http_overhead.py --gpu --trace .stage/azure500.json --round R` (one round a device "
+             f"call, then `--combine`): {env.get('gpu', 'GPU')}, Llama-3-8B's shape with random bf16 weights, "
+             f"{', '.join(env.get('opts', []))}; the first {args.trace_requests} requests of the Azure conversation "
+             f"trace (inputs clipped to 4,096 tokens, the recorded output lengths, EOS ignored) open loop at their "
+             f"own timestamps divided by the scale; torch {torch.__version__}, Python {platform.python_version()}, "
+             f"uvicorn {uvicorn.__version__}, starlette {starlette.__version__}; {seconds / 60:.1f} min of replays "
+             f"and loads. One warm engine serves every replay; medians over rounds; the HTTP client is locust in its "
+             f"own process; 'x in-process' is the median over rounds of the mode's value over the in-process "
+             f"replay's of the same round.", ""]
+    for name, by_mode in results.items():
+        lines += [f"## {name}", "",
+                  "| mode | TTFT p50 / p99 ms | TPOT p50 / p99 ms | E2E p50 / p99 ms | out tok/s | lateness p99 ms | "
+                  "CPU µs per token | TPOT p50 x in-process | E2E p99 x in-process | failed |",
+                  "|---|---|---|---|---|---|---|---|---|---|"]
+        for mode in MODES:
+            runs = by_mode[mode]
+            if not runs:
+                continue
+            rel = ("-", "-") if mode == "in-process" else (
+                f"{ratio(by_mode, mode, 'perf/tpot_ms_p50'):.2f}", f"{ratio(by_mode, mode, 'perf/e2e_ms_p99'):.2f}")
+            lines.append(
+                f"| {mode} | {med(runs, 'perf/ttft_ms_p50'):,.0f} / {med(runs, 'perf/ttft_ms_p99'):,.0f} | "
+                f"{med(runs, 'perf/tpot_ms_p50'):.2f} / {med(runs, 'perf/tpot_ms_p99'):.2f} | "
+                f"{med(runs, 'perf/e2e_ms_p50'):,.0f} / {med(runs, 'perf/e2e_ms_p99'):,.0f} | "
+                f"{med(runs, 'perf/throughput_out_tok_s'):,.0f} | {med(runs, 'perf/lateness_ms_p99'):,.1f} | "
+                f"{med(runs, 'cpu_us_per_token'):,.0f} | {rel[0]} | {rel[1]} | "
+                f"{sum(r['perf/requests_failed'] for r in runs):.0f} |")
+        lines.append("")
     return "\n".join(lines)
 
 
