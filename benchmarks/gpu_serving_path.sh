@@ -10,7 +10,8 @@
 #   ROUND=1 bash benchmarks/gpu_serving_path.sh     carry: .stage/azure500.json (the wheelhouse stays installed)
 # Each writes $OUT/serving_path/r<ROUND>.{md,json} and keeps it in /tmp/serving_path; the last call also writes the
 # combined report of every round so far ($OUT/serving_path/serving_path.{md,json}).
-# Settings (environment): N requests (300), SCALES (1,4).
+# Settings (environment): N requests (300), SCALES (1,4). Modes: in-process, stdlib, asgi, and stdlib-0.5ms (the
+# stdlib server under a 0.5 ms GIL switch interval instead of 5 ms: whether the engine waits for the GIL).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-python3}

@@ -52,6 +52,9 @@ TINY = ModelConfig(name="tiny", source="random", package=None, gguf_file=None, t
                    hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
                    num_key_value_heads=2, head_dim=16, max_position_embeddings=16384, init_std=0.3)
 MODES = ("in-process", "asgi", "stdlib")
+# --gpu also serves with the stdlib server under a 0.5 ms GIL switch interval (Python's default: 5 ms): a handler
+# thread per stream wakes for every token, and the engine's thread waits for the GIL behind them
+GPU_MODES = ("in-process", "stdlib", "asgi", "stdlib-0.5ms")
 KEYS = ("perf/ttft_ms_p50", "perf/ttft_ms_p99", "perf/tpot_ms_p50", "perf/tpot_ms_p99", "perf/e2e_ms_p50",
         "perf/e2e_ms_p99", "perf/lateness_ms_p99", "perf/throughput_req_s", "perf/throughput_out_tok_s")
 # the time in the table is wall-clock on a shared machine; CPU time per token of this process (engine plus
@@ -119,8 +122,14 @@ def replay(engine: LLMEngine, mode: str, reqs: list[Request], closed: bool, conc
         records = InProcessDriver(engine, params).replay(reqs, cfg, pacing)
     else:
         serve = asgi_server.serve if mode == "asgi" else stdlib_server.serve
-        with serve(engine, "127.0.0.1", 0, model_name="tiny") as handle:
-            records = replay_http(reqs, handle.url, "tiny", cfg, pacing)
+        switch = sys.getswitchinterval()
+        if mode == "stdlib-0.5ms":
+            sys.setswitchinterval(0.0005)
+        try:
+            with serve(engine, "127.0.0.1", 0, model_name="tiny") as handle:
+                records = replay_http(reqs, handle.url, "tiny", cfg, pacing)
+        finally:
+            sys.setswitchinterval(switch)
     cpu_s, wall_s = time.process_time() - cpu0, time.monotonic() - wall0
     m = compute_metrics(records)
     if engine.device.type == "cuda":
@@ -154,13 +163,14 @@ def main() -> int:
         if args.concurrency != 300 or args.burst != 300:
             scenarios = {f"closed, {args.concurrency} in flight": scenarios.pop("closed, 300 in flight"),
                          f"open, burst of {args.burst}": scenarios.pop("open, burst of 300")}
-    results: dict[str, dict[str, list[dict]]] = {s: {m: [] for m in MODES} for s in scenarios}
+    modes = GPU_MODES if args.gpu else MODES
+    results: dict[str, dict[str, list[dict]]] = {s: {m: [] for m in modes} for s in scenarios}
     rounds = [args.round] if args.round is not None else range(args.rounds)
     if args.round is not None:
         args.rounds = 1
     for rnd in rounds:
         for name, (reqs, closed) in scenarios.items():
-            for mode in MODES[rnd % len(MODES):] + MODES[:rnd % len(MODES)]:  # each round opens with another
+            for mode in modes[rnd % len(modes):] + modes[:rnd % len(modes)]:  # each round opens with another
                 r = replay(engine, mode, reqs, closed, args.concurrency)
                 r["load_avg_1m"] = os.getloadavg()[0]
                 r["round"] = rnd
@@ -187,7 +197,8 @@ def combine(args) -> int:
     for part in parts:
         for name, by_mode in part["results"].items():
             for mode, runs in by_mode.items():
-                results.setdefault(name, {m: [] for m in MODES})[mode] += runs
+                results.setdefault(name, {})
+                results[name].setdefault(mode, []).extend(runs)
     for by_mode in results.values():  # rounds in order, so that added() pairs each with its own round
         for runs in by_mode.values():
             runs.sort(key=lambda r: r.get("round", 0))
@@ -272,8 +283,7 @@ def render_gpu(results: dict, args, seconds: float, env: dict) -> str:
                   "| mode | TTFT p50 / p99 ms | TPOT p50 / p99 ms | E2E p50 / p99 ms | out tok/s | lateness p99 ms | "
                   "CPU µs per token | TPOT p50 x in-process | E2E p99 x in-process | failed |",
                   "|---|---|---|---|---|---|---|---|---|---|"]
-        for mode in MODES:
-            runs = by_mode[mode]
+        for mode, runs in by_mode.items():
             if not runs:
                 continue
             rel = ("-", "-") if mode == "in-process" else (
