@@ -239,6 +239,18 @@ def lossy_cpu() -> str:
             f"{'' if all(damaged) else 's'}")
 
 
+def gpu_serving_path() -> str:
+    """From r0.json: TPOT p50 of each server over the in-process replay's, at each scale."""
+    res = load("gpu_serving_path_h100/r0.json")["results"]
+
+    def x(scale: str, mode: str) -> str:
+        by_mode = next(v for k, v in res.items() if k.endswith(f" at {scale}x"))
+        return f"{by_mode[mode][0]['perf/tpot_ms_p50'] / by_mode['in-process'][0]['perf/tpot_ms_p50']:.2f}x"
+
+    return (f"the serving path on one engine: stdlib server TPOT p50 {x('1', 'stdlib')} in process at 1x, "
+            f"{x('4', 'stdlib')} at 4x; ASGI {x('1', 'asgi')}, {x('4', 'asgi')} (one round)")
+
+
 # id: (the study the row links, its hardware and model where the study has two rows, the cell rebuilt)
 ROWS = {"cpu_switches": ("cpu_switches", None, None, cpu_switches), "gpu_h200": ("gpu_h200", None, None, gpu_h200),
         "gpu_ab_vllm_h200": ("gpu_ab_vllm_h200", None, None, gpu_ab_vllm), "aa_cpu": ("aa_cpu", None, None, aa_cpu),
@@ -250,7 +262,8 @@ ROWS = {"cpu_switches": ("cpu_switches", None, None, cpu_switches), "gpu_h200": 
         "near_tie_calibration:cpu": ("near_tie_calibration", "2-core EPYC CPU", None, near_tie_cpu),
         "near_tie_calibration:h100": ("near_tie_calibration", "H100", None, near_tie_h100),
         "error_rates": ("error_rates", "H100", "SmolLM2-135M, bf16, eager", error_rates),
-        "error_rates:allon": ("error_rates", "H100", "SmolLM2-135M, bf16, all switches on", error_rates_allon), "lossy_cpu": ("lossy_cpu", None, None, lossy_cpu)}
+        "error_rates:allon": ("error_rates", "H100", "SmolLM2-135M, bf16, all switches on", error_rates_allon), "lossy_cpu": ("lossy_cpu", None, None, lossy_cpu),
+        "gpu_serving_path_h100": ("gpu_serving_path_h100", None, None, gpu_serving_path)}
 
 
 def test_every_headline_row_is_checked():
