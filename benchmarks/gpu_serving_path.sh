@@ -22,11 +22,14 @@ source benchmarks/gpu_site.sh "$OUT/serving_path" || exit 1
 [ -f .stage/azure500.json ] || { echo "carry .stage/azure500.json (see this script's header)"; exit 2; }
 { nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
   $PY -c "import sys, torch; print('python', sys.version.split()[0], 'torch', torch.__version__)"
-  git rev-parse HEAD 2>/dev/null; } | tee "$OUT/serving_path/versions-r$ROUND.txt"
+  sha256sum benchmarks/http_overhead.py optladder/serving/server.py benchmarks/asgi_server.py; } \
+  | tee "$OUT/serving_path/versions-r$ROUND.txt"
 export PYTHONUNBUFFERED=1
 $PY benchmarks/http_overhead.py --gpu --trace .stage/azure500.json --trace-requests "${N:-300}" \
   --scales "${SCALES:-1,4}" --round "$ROUND" --out "/tmp/serving_path/r$ROUND" 2>&1 | grep -v Warning \
   | tee "$OUT/serving_path/log-r$ROUND.txt" | grep -E "^round|Error|error" | tail -20
+rc=${PIPESTATUS[0]}
+[ "$rc" -eq 0 ] || { echo "round $ROUND failed (exit status $rc): see $OUT/serving_path/log-r$ROUND.txt"; exit "$rc"; }
 cp /tmp/serving_path/r*.json /tmp/serving_path/r*.md "$OUT/serving_path/" 2>/dev/null
 $PY benchmarks/http_overhead.py --combine /tmp/serving_path/r*.json --out "$OUT/serving_path/serving_path" \
   > /dev/null && tail -30 "$OUT/serving_path/serving_path.md"

@@ -13,8 +13,8 @@ loop at its own timestamps divided by each of --scales: the replay `python run.p
 here with the same engine in process and behind each server, so that what the serving path adds is measured apart.
 
 One warm engine (the tiny random model, continuous batching, paged KV) serves every replay; the modes take
-turns round after round (in-process, ASGI, stdlib, then again...), so a drift of the machine falls on all of
-them alike. Scenarios: a closed loop with 300 requests in flight, and an open-loop burst of 300 requests
+turns, each round opening with the next mode (in-process, ASGI, stdlib; then ASGI, stdlib, in-process; ...), so a
+drift of the machine falls on all of them alike. Scenarios: a closed loop with 300 requests in flight, and an open-loop burst of 300 requests
 sent at once. Reported per mode: TTFT p50/p99, E2E p99, lateness p99 (sent minus due: the client's own
 delay), throughput, and what each HTTP server adds to TTFT p99 and lateness p99 over the in-process
 replay of the same round (the median over rounds).
@@ -82,6 +82,18 @@ def parse_args() -> argparse.Namespace:
                  "--requests FILE)")
     if args.gpu and not args.combine and args.trace is not None and not args.trace.is_file():
         ap.error(f"--trace {args.trace}: no such file")
+    if not args.gpu and not args.combine:
+        given = [f for f, v in (("--trace", args.trace), ("--round", args.round)) if v is not None]
+        if given:
+            ap.error(f"{', '.join(given)}: only with --gpu (the GPU mode's trace replay)")
+    if args.round is not None and args.round < 0:
+        ap.error(f"--round {args.round}: a round number is 0 or more")
+    try:
+        args.scale_list = [float(x) for x in args.scales.split(",")]
+    except ValueError:
+        ap.error(f"--scales {args.scales!r}: a comma list of positive numbers, e.g. 1,4")
+    if any(x <= 0 for x in args.scale_list) or len(set(args.scale_list)) != len(args.scale_list):
+        ap.error(f"--scales {args.scales!r}: each scale positive and given once, e.g. 1,4")
     return args
 
 
@@ -144,15 +156,21 @@ def main() -> int:
     args = parse_args()
     if args.combine:
         return combine(args)
-    torch.set_num_threads(args.threads)
+    if not args.gpu:  # the GPU engine's host work keeps torch's own thread count, as gpu_serving_vs_vllm.py does
+        torch.set_num_threads(args.threads)
     t0 = time.time()
     env: dict = {}
     if args.gpu:
         engine, vocab, clip, load_s = gpu_engine()
-        env = {"gpu": torch.cuda.get_device_name() if engine.device.type == "cuda" else "CPU (GPU_SERVING_TINY)", "engine_load_s": round(load_s, 1),
-               "opts": sorted(engine.enabled_opts)}
-        scenarios = {f"open, Azure head {args.trace_requests} at {s}x": (
-            trace_workload(args.trace, args.trace_requests, float(s), vocab, clip), False) for s in args.scales.split(",")}
+        import starlette
+        import uvicorn
+
+        env = {"gpu": torch.cuda.get_device_name() if engine.device.type == "cuda" else "CPU (GPU_SERVING_TINY)",
+               "engine_load_s": round(load_s, 1), "opts": sorted(engine.enabled_opts), "trace": str(args.trace),
+               "input_clip": clip, "torch": torch.__version__, "python": platform.python_version(),
+               "uvicorn": uvicorn.__version__, "starlette": starlette.__version__}
+        scenarios = {f"open, Azure head {args.trace_requests} at {s:g}x": (
+            trace_workload(args.trace, args.trace_requests, s, vocab, clip), False) for s in args.scale_list}
     else:
         engine = LLMEngine(TINY, EngineConfig(device="cpu", max_model_len=256, kv_cache_gb=0.5, paged_kv=True,
                                               dynamic_batching=True, batched_decode=True,
@@ -175,9 +193,10 @@ def main() -> int:
                 r["load_avg_1m"] = os.getloadavg()[0]
                 r["round"] = rnd
                 results[name][mode].append(r)
-                print(f"round {rnd} {name:>24} {mode:>10}: TTFT p99 {r['perf/ttft_ms_p99']:8.0f} ms, TPOT p50 "
-                      f"{r['perf/tpot_ms_p50']:6.2f} ms, E2E p99 {r['perf/e2e_ms_p99']:8.0f} ms, lateness "
-                      f"p99 {r['perf/lateness_ms_p99']:7.1f} ms, {r['perf/throughput_req_s']:.1f} req/s, "
+                f = lambda k, spec: "-" if r.get(k) is None else format(r[k], spec)  # noqa: E731
+                print(f"round {rnd} {name:>24} {mode:>10}: TTFT p99 {f('perf/ttft_ms_p99', '8.0f')} ms, TPOT p50 "
+                      f"{f('perf/tpot_ms_p50', '6.2f')} ms, E2E p99 {f('perf/e2e_ms_p99', '8.0f')} ms, lateness "
+                      f"p99 {f('perf/lateness_ms_p99', '7.1f')} ms, {f('perf/throughput_req_s', '.1f')} req/s, "
                       f"{r['cpu_us_per_token']:.0f} CPU µs/token, ok {r['perf/requests_ok']:.0f}", flush=True)
     report = render(results, args, time.time() - t0, env)
     print(report)
@@ -221,14 +240,24 @@ def med(runs: list[dict], key: str) -> float:
     return statistics.median(r[key] for r in runs)
 
 
+def pairs(results: dict[str, list[dict]], mode: str) -> list[tuple[dict, dict]]:
+    """(this mode's replay, the in-process one) of every round both ran, matched by round number (a run without
+    one, from an older file, by its place in the list)."""
+    def by_round(runs: list[dict]) -> dict[int, dict]:
+        return {r.get("round", i): r for i, r in enumerate(runs)}
+    mine, base = by_round(results[mode]), by_round(results["in-process"])
+    return [(mine[k], base[k]) for k in sorted(mine.keys() & base.keys())]
+
+
 def added(results: dict[str, list[dict]], mode: str, key: str) -> float:
     """Median over rounds of (this mode - in-process, the same round)."""
-    return statistics.median(h[key] - p[key] for h, p in zip(results[mode], results["in-process"]))
+    return statistics.median(h[key] - p[key] for h, p in pairs(results, mode))
 
 
-def ratio(results: dict[str, list[dict]], mode: str, key: str) -> float:
-    """Median over rounds of (this mode / in-process, the same round)."""
-    return statistics.median(h[key] / p[key] for h, p in zip(results[mode], results["in-process"]) if p[key])
+def ratio(results: dict[str, list[dict]], mode: str, key: str) -> float | None:
+    """Median over rounds of (this mode / in-process, the same round); None where no round has both."""
+    xs = [h[key] / p[key] for h, p in pairs(results, mode) if p[key]]
+    return statistics.median(xs) if xs else None
 
 
 def render(results: dict, args, seconds: float, env: dict | None = None) -> str:
@@ -265,17 +294,16 @@ def render(results: dict, args, seconds: float, env: dict | None = None) -> str:
 
 
 def render_gpu(results: dict, args, seconds: float, env: dict) -> str:
-    import uvicorn
-    import starlette
-
-    lines = [f"# What the serving path adds on the GPU ({args.rounds} rounds, modes alternating)", "",
-             f"`python3 benchmarks/http_overhead.py --gpu --trace .stage/azure500.json --round R` (one round a device "
-             f"call, then `--combine`): {env.get('gpu', 'GPU')}, Llama-3-8B's shape with random bf16 weights, "
+    n = args.rounds
+    clip = env.get("input_clip")
+    lines = [f"# What the serving path adds on the GPU ({n} round{'s' if n != 1 else ''}, modes alternating)", "",
+             f"`python3 benchmarks/http_overhead.py --gpu --trace {env.get('trace', 'FILE')} --round R` (one round a "
+             f"device call, then `--combine`): {env.get('gpu', 'GPU')}, Llama-3-8B's shape with random bf16 weights, "
              f"{', '.join(env.get('opts', []))}; the first {args.trace_requests} requests of the Azure conversation "
-             f"trace (inputs clipped to 4,096 tokens, the recorded output lengths, EOS ignored) open loop at their "
-             f"own timestamps divided by the scale; torch {torch.__version__}, Python {platform.python_version()}, "
-             f"uvicorn {uvicorn.__version__}, starlette {starlette.__version__}; {seconds / 60:.1f} min of replays "
-             f"and loads. One warm engine serves every replay; medians over rounds; the HTTP client is locust in its "
+             f"trace (inputs clipped to {f'{clip:,}' if clip else '?'} tokens, the recorded output lengths, EOS "
+             f"ignored) open loop at their own timestamps divided by the scale; torch {env.get('torch', '?')}, Python "
+             f"{env.get('python', '?')}, uvicorn {env.get('uvicorn', '?')}, starlette {env.get('starlette', '?')} "
+             f"(on the GPU machine); {seconds / 60:.1f} min of replays and loads. One warm engine serves every replay; medians over rounds; the HTTP client is locust in its "
              f"own process; 'x in-process' is the median over rounds of the mode's value over the in-process "
              f"replay's of the same round.", ""]
     for name, by_mode in results.items():
@@ -286,8 +314,10 @@ def render_gpu(results: dict, args, seconds: float, env: dict) -> str:
         for mode, runs in by_mode.items():
             if not runs:
                 continue
-            rel = ("-", "-") if mode == "in-process" else (
-                f"{ratio(by_mode, mode, 'perf/tpot_ms_p50'):.2f}", f"{ratio(by_mode, mode, 'perf/e2e_ms_p99'):.2f}")
+            def x(key: str) -> str:
+                v = ratio(by_mode, mode, key)
+                return "-" if v is None else f"{v:.2f}"
+            rel = ("-", "-") if mode == "in-process" else (x("perf/tpot_ms_p50"), x("perf/e2e_ms_p99"))
             lines.append(
                 f"| {mode} | {med(runs, 'perf/ttft_ms_p50'):,.0f} / {med(runs, 'perf/ttft_ms_p99'):,.0f} | "
                 f"{med(runs, 'perf/tpot_ms_p50'):.2f} / {med(runs, 'perf/tpot_ms_p99'):.2f} | "

@@ -240,15 +240,20 @@ def lossy_cpu() -> str:
 
 
 def gpu_serving_path() -> str:
-    """From r0.json: TPOT p50 of each server over the in-process replay's, at each scale."""
+    """From r0.json: TPOT p50 of each server over the in-process replay's, at each scale (the median over rounds)."""
     res = load("gpu_serving_path_h100/r0.json")["results"]
+    rounds = {len(runs) for by_mode in res.values() for runs in by_mode.values()}
+    assert len(rounds) == 1, f"modes with different round counts: {rounds}"
+    n = rounds.pop()
 
     def x(scale: str, mode: str) -> str:
         by_mode = next(v for k, v in res.items() if k.endswith(f" at {scale}x"))
-        return f"{by_mode[mode][0]['perf/tpot_ms_p50'] / by_mode['in-process'][0]['perf/tpot_ms_p50']:.2f}x"
+        ratios = [h["perf/tpot_ms_p50"] / p["perf/tpot_ms_p50"] for h, p in zip(by_mode[mode], by_mode["in-process"])]
+        return f"{statistics.median(ratios):.2f}x"
 
     return (f"the serving path on one engine: stdlib server TPOT p50 {x('1', 'stdlib')} in process at 1x, "
-            f"{x('4', 'stdlib')} at 4x; ASGI {x('1', 'asgi')}, {x('4', 'asgi')} (one round)")
+            f"{x('4', 'stdlib')} at 4x; ASGI {x('1', 'asgi')}, {x('4', 'asgi')} "
+            f"({'one round' if n == 1 else f'{n} rounds'})")
 
 
 # id: (the study the row links, its hardware and model where the study has two rows, the cell rebuilt)
