@@ -250,6 +250,38 @@ def test_a_switchback_ladder_judges_each_rung_against_its_control_beside_it(tmp_
     assert json.loads((beside[0] / "blocks.json").read_text()) == json.loads((rung / "blocks.json").read_text())
 
 
+@pytest.mark.e2e
+def test_a_sequential_switchback_ladder_looks_at_each_rung(tmp_path):
+    from test_ladder import run_py, tiny_ladder_args
+
+    out = tmp_path / "ladder"
+    args = tiny_ladder_args(out, f"sqlite:///{tmp_path / 'mlflow.db'}", "[batched_decode]")
+    args = [a for a in args if not a.startswith("workload.num_requests")]
+    p = run_py([*args, "workload.num_requests=16", "ladder.design=switchback", "ladder.blocks=4", "ladder.looks=2",
+                "engine.cpu_threads=1"])
+    assert p.returncode in (0, 2), p.stderr[-3000:]
+    row = json.loads((out / "ladder.json").read_text())["rungs"][1]
+    assert [x["after_blocks"] for x in row["looks"]] == [2], row["looks"]
+    decided = row["looks"][0]["decided"] in ("pass", "fail")
+    assert row["blocks_played"] == (2 if decided else 4) and row["blocks"] == 4
+    assert row["latency_alpha"] == pytest.approx(0.025)
+    # the rung's latency gates at alpha / looks, in the verdict the ladder kept
+    gate = next(g for g in row["verdict"]["gates"] if g["gate"] == "latency_max_regression")
+    assert "97.5% CI" in gate["reason"] and f"{row['blocks_played']} switchback blocks" in gate["reason"], gate
+
+
+def test_ladder_looks_are_checked_like_an_ab_s():
+    from optladder.experiments.schema import LadderConfig
+
+    with pytest.raises(ValueError, match="ladder.looks=3 stops a switchback early; ladder.design='runs'"):
+        LadderConfig(rungs=["paged_kv"], looks=3)
+    with pytest.raises(ValueError, match=r"ladder.looks=4 needs at least 2 blocks a look .* raise ladder.blocks to 8"):
+        LadderConfig(rungs=["paged_kv"], design="switchback", blocks=6, looks=4)
+    with pytest.raises(ValueError, match=r"ladder.looks must be an integer >= 1"):
+        LadderConfig(rungs=["paged_kv"], design="switchback", looks=True)
+    assert LadderConfig(rungs=["paged_kv"], design="switchback", blocks=6, looks=3).looks == 3
+
+
 def test_what_a_switchback_cannot_run_is_refused_before_any_engine_loads():
     from conftest import compose_config
 

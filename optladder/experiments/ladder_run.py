@@ -15,7 +15,8 @@ from omegaconf import DictConfig, OmegaConf
 
 from optladder.abtest.environment import across_runs, describe, differences
 from optladder.abtest.ladder import keeps, ladder_chart, ladder_table, rung_opts
-from optladder.abtest.verdict import ArmResult, Verdict, aa_log_ratio, pooled_run_noise, verdict_table
+from optladder.abtest.verdict import (ArmResult, Verdict, aa_log_ratio, interim_latency, pooled_run_noise,
+                                     verdict_table)
 from optladder.experiments.switchback import run_switchback
 from optladder.experiments.ab_run import (Arm, base_overrides, check_rung_engines, compose_arm, free_device_memory, gate_config,
                                 gate_pair, prepare_arms, prepare_switchback, run_arms)
@@ -66,6 +67,11 @@ def run_ladder(cfg: DictConfig, run_dir: Path, overrides: list[str], choices: di
         pooled: dict[str, dict] = {}  # a rung's name -> the run noise its latency gates used (ladder.pool_noise)
         paired: set[str] = set()  # the control runs (their directories) an A/A pair was taken from
         failed: set[str] = set()  # rungs whose run again failed here: not tried twice
+        # ladder.looks: each rung's latency gates at gate.alpha / looks (at every look and at the end), its quality
+        # gates once at gate.alpha; the looks each switchback made, by rung
+        lat_alpha = gate.alpha / ladder.looks if ladder.looks > 1 else None
+        lat_gate = replace(gate, alpha=lat_alpha) if lat_alpha else None
+        looks_made: dict[str, list[dict]] = {}
 
         def run_rung(name: str, opts: list[str], prev: Arm | None = None) -> Arm:
             extra = [f"+opt=[{','.join(opts)}]"]
@@ -97,8 +103,13 @@ def run_ladder(cfg: DictConfig, run_dir: Path, overrides: list[str], choices: di
                 ctl.score_quality = bool(across_runs(prev.environments, [environment()]))
                 try:
                     if switchback:
-                        run_switchback([ctl, arm], ladder.blocks, run_dir, parent.run_id,
-                                       progress=bool(cfg.replay.progress))
+                        stop = None
+                        if lat_gate is not None:  # ladder.looks: the rung's latency gates at each look
+                            stop = (lambda arms, c=ctl.name, a=arm.name:  # noqa: E731
+                                    interim_latency(arms[c], arms[a], lat_gate)[0])
+                        looks_made[name] = run_switchback([ctl, arm], ladder.blocks, run_dir, parent.run_id,
+                                                          progress=bool(cfg.replay.progress), looks=ladder.looks,
+                                                          stop=stop)
                     else:
                         run_arms([ctl, arm], ladder.repeats, run_dir, parent.run_id)
                 except Exception as e:
@@ -147,7 +158,7 @@ def run_ladder(cfg: DictConfig, run_dir: Path, overrides: list[str], choices: di
             if cand.name in beside:
                 ctl = beside[cand.name]
                 if not ladder.pool_noise or ladder.design == "switchback":  # blocks measure their own noise
-                    return gate_pair(with_answers(ctl, prev), cand, gate)[:2]
+                    return gate_pair(with_answers(ctl, prev), cand, gate, latency_alpha=lat_alpha)[:2]
                 # an A/A pair: the control's own run and its run beside the rung, made one after the other in one
                 # environment (not where one of them was read back from an earlier run and the other made here)
                 same_run = (prev.name in read_back) == (cand.name in read_back)
@@ -203,6 +214,12 @@ def run_ladder(cfg: DictConfig, run_dir: Path, overrides: list[str], choices: di
                                              "metrics": ctl.runs[0].metrics}
                 if pooled.get(name):  # gate.run_noise as its latency gates used it
                     row["run_noise_pooled"] = pooled[name]
+                if ladder.design == "switchback" and row["rung"] and row["status"] != "error":
+                    runs = [r for r in first_runs if Path(r.run_dir).name == f"{name}-r0"]
+                    row["blocks"] = ladder.blocks
+                    row["blocks_played"] = len(runs[0].blocks) if runs and runs[0].blocks else None
+                    row["looks"] = looks_made.get(name, [])  # empty for a rung read back from resume_from
+                    row["latency_alpha"] = lat_alpha or gate.alpha
             table = ladder_table(rungs)
             if not complete:
                 table = (f"**Incomplete: {len(rungs) - 1} of {len(ladder.rungs)} rungs done** (ladder.json "

@@ -61,15 +61,7 @@ class ABConfig:
         if self.repeats < 1:
             raise ValueError(f"ab.repeats must be >= 1, got {self.repeats}")
         check_design(self.design, self.blocks, self.repeats, "ab")
-        if not isinstance(self.looks, int) or self.looks < 1:
-            raise ValueError(f"ab.looks must be an integer >= 1 (1: no interim look), got {self.looks!r}")
-        if self.looks > 1 and self.design != "switchback":
-            raise ValueError(f"ab.looks={self.looks} stops a switchback early; ab.design={self.design!r} has no "
-                             "blocks to stop between: set ab.design=switchback or leave ab.looks=1")
-        if self.looks > 1 and self.blocks < 2 * self.looks:
-            raise ValueError(f"ab.looks={self.looks} needs at least 2 blocks a look (an interval needs 2 blocks), "
-                             f"ab.blocks={self.blocks} has {self.blocks / self.looks:.1f}: raise ab.blocks to "
-                             f"{2 * self.looks} or lower ab.looks")
+        check_looks(self.looks, self.design, self.blocks, "ab")
         if self.first not in ARMS:
             raise ValueError(f"ab.first={self.first!r} is not one of {list(ARMS)}")
         if list(self.candidate) == list(self.control) and not self.aa:
@@ -79,6 +71,19 @@ class ABConfig:
 
 
 DESIGNS = ("runs", "switchback")
+
+
+def check_looks(looks: int, design: str, blocks: int, group: str) -> None:
+    """Sequential stopping's settings (ab.looks, ladder.looks), refused before anything runs."""
+    if not isinstance(looks, int) or isinstance(looks, bool) or looks < 1:
+        raise ValueError(f"{group}.looks must be an integer >= 1 (1: no interim look), got {looks!r}")
+    if looks > 1 and design != "switchback":
+        raise ValueError(f"{group}.looks={looks} stops a switchback early; {group}.design={design!r} has no "
+                         f"blocks to stop between: set {group}.design=switchback or leave {group}.looks=1")
+    if looks > 1 and blocks < 2 * looks:
+        raise ValueError(f"{group}.looks={looks} needs at least 2 blocks a look (an interval needs 2 blocks), "
+                         f"{group}.blocks={blocks} has {blocks / looks:.1f}: raise {group}.blocks to "
+                         f"{2 * looks} or lower {group}.looks")
 
 
 def check_design(design: str, blocks: int, repeats: int, group: str) -> None:
@@ -120,11 +125,15 @@ class LadderConfig:
     # ladder.blocks blocks, the two taking turns (optladder/experiments/switchback.py); runs: whole replays
     design: str = "runs"
     blocks: int = 10
+    # sequential stopping of each rung's switchback, as ab.looks: the rung's latency gates looked at after each of
+    # `looks` equal shares of the blocks at gate.alpha / looks; its replay stops at the first look that decides them
+    looks: int = 1
 
     def __post_init__(self) -> None:
         from optladder.engine.opts import OPTS
 
         check_design(self.design, self.blocks, self.repeats, "ladder")
+        check_looks(self.looks, self.design, self.blocks, "ladder")
 
         if self.rerun_control not in RERUN_CONTROL:
             raise ValueError(f"ladder.rerun_control={self.rerun_control!r} is not one of {', '.join(RERUN_CONTROL)}")
