@@ -14,8 +14,8 @@ here with the same engine in process and behind each server, so that what the se
 
 One warm engine (the tiny random model, continuous batching, paged KV) serves every replay; the modes take
 turns, each round opening with the next mode (in-process, ASGI, stdlib; then ASGI, stdlib, in-process; ...), so a
-drift of the machine falls on all of them alike. Scenarios: a closed loop with 300 requests in flight, and an open-loop burst of 300 requests
-sent at once. Reported per mode: TTFT p50/p99, E2E p99, lateness p99 (sent minus due: the client's own
+drift of the machine falls on all of them alike. Scenarios: a closed loop with 300 requests in flight, and an
+open-loop burst of 300 requests sent at once. Reported per mode: TTFT p50/p99, E2E p99, lateness p99 (sent minus due: the client's own
 delay), throughput, and what each HTTP server adds to TTFT p99 and lateness p99 over the in-process
 replay of the same round (the median over rounds).
 """
@@ -218,7 +218,7 @@ def combine(args) -> int:
             for mode, runs in by_mode.items():
                 results.setdefault(name, {})
                 results[name].setdefault(mode, []).extend(runs)
-    for by_mode in results.values():  # rounds in order, so that added() pairs each with its own round
+    for by_mode in results.values():  # rounds in order in the combined file (pairs() matches them by number)
         for runs in by_mode.values():
             runs.sort(key=lambda r: r.get("round", 0))
     a = parts[0]["args"]
@@ -303,9 +303,9 @@ def render_gpu(results: dict, args, seconds: float, env: dict) -> str:
              f"trace (inputs clipped to {f'{clip:,}' if clip else '?'} tokens, the recorded output lengths, EOS "
              f"ignored) open loop at their own timestamps divided by the scale; torch {env.get('torch', '?')}, Python "
              f"{env.get('python', '?')}, uvicorn {env.get('uvicorn', '?')}, starlette {env.get('starlette', '?')} "
-             f"(on the GPU machine); {seconds / 60:.1f} min of replays and loads. One warm engine serves every replay; medians over rounds; the HTTP client is locust in its "
-             f"own process; 'x in-process' is the median over rounds of the mode's value over the in-process "
-             f"replay's of the same round.", ""]
+             f"(on the GPU machine); {seconds / 60:.1f} min of replays and loads. One warm engine serves every "
+             f"replay; medians over rounds; the HTTP client is locust in its own process; 'x in-process' is the "
+             f"median over rounds of the mode's value over the in-process replay's of the same round.", ""]
     for name, by_mode in results.items():
         lines += [f"## {name}", "",
                   "| mode | TTFT p50 / p99 ms | TPOT p50 / p99 ms | E2E p50 / p99 ms | out tok/s | lateness p99 ms | "

@@ -152,6 +152,16 @@ def resolved_dtype(resolved: dict) -> str:
         return written
 
 
+def sequential_stop(gate: GateConfig, looks: int, control: str, candidate: str):
+    """Sequential stopping of a switchback (ab.looks, ladder.looks): (the latency gates' alpha, gate.alpha / looks,
+    or None for one look; the stop hook run_switchback asks at each look, or None). The hook judges the blocks so
+    far of the arms named control and candidate with the verdict's own latency gates at that alpha."""
+    if looks <= 1:
+        return None, None
+    lat_gate = replace(gate, alpha=gate.alpha / looks)
+    return lat_gate.alpha, lambda arms: interim_latency(arms[control], arms[candidate], lat_gate)[0]
+
+
 def gate_pair(control: Arm, candidate: Arm, gate: GateConfig,
               latency_alpha: float | None = None) -> tuple[Verdict, ArmResult, bool, str]:
     """The verdict of candidate against control, the candidate's measurements with its scores against the
@@ -252,11 +262,8 @@ def run_ab(cfg: DictConfig, run_dir: Path, overrides: list[str], choices: dict) 
         looks: list[dict] = []
         # sequential: the latency gates, looked at ab.looks times, each time at alpha / looks, so that peeking keeps
         # their error rates; the quality gates are judged once, at gate.alpha
-        lat_alpha = gate.alpha / ab.looks if ab.looks > 1 else None
+        lat_alpha, stop = sequential_stop(gate, ab.looks, control.name, candidate.name)
         if ab.design == "switchback":
-            lat_gate = replace(gate, alpha=lat_alpha) if lat_alpha else gate
-            stop = ((lambda arms: interim_latency(arms["control"], arms["candidate"], lat_gate)[0])
-                    if ab.looks > 1 else None)
             looks = run_switchback(order, ab.blocks, run_dir, parent.run_id, progress=bool(cfg.replay.progress),
                                    looks=ab.looks, stop=stop)
         else:

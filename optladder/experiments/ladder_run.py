@@ -15,11 +15,10 @@ from omegaconf import DictConfig, OmegaConf
 
 from optladder.abtest.environment import across_runs, describe, differences
 from optladder.abtest.ladder import keeps, ladder_chart, ladder_table, rung_opts
-from optladder.abtest.verdict import (ArmResult, Verdict, aa_log_ratio, interim_latency, pooled_run_noise,
-                                     verdict_table)
+from optladder.abtest.verdict import ArmResult, Verdict, aa_log_ratio, pooled_run_noise, verdict_table
 from optladder.experiments.switchback import run_switchback
 from optladder.experiments.ab_run import (Arm, base_overrides, check_rung_engines, compose_arm, free_device_memory, gate_config,
-                                gate_pair, prepare_arms, prepare_switchback, run_arms)
+                                gate_pair, prepare_arms, prepare_switchback, run_arms, sequential_stop)
 from optladder.experiments.errors import as_user_error
 from optladder.experiments.lifecycle import raise_if_terminated
 from optladder.experiments.load_curves import write_load_curves
@@ -69,8 +68,7 @@ def run_ladder(cfg: DictConfig, run_dir: Path, overrides: list[str], choices: di
         failed: set[str] = set()  # rungs whose run again failed here: not tried twice
         # ladder.looks: each rung's latency gates at gate.alpha / looks (at every look and at the end), its quality
         # gates once at gate.alpha; the looks each switchback made, by rung
-        lat_alpha = gate.alpha / ladder.looks if ladder.looks > 1 else None
-        lat_gate = replace(gate, alpha=lat_alpha) if lat_alpha else None
+        lat_alpha = gate.alpha / ladder.looks if ladder.looks > 1 else None  # as sequential_stop's
         looks_made: dict[str, list[dict]] = {}
 
         def run_rung(name: str, opts: list[str], prev: Arm | None = None) -> Arm:
@@ -103,10 +101,7 @@ def run_ladder(cfg: DictConfig, run_dir: Path, overrides: list[str], choices: di
                 ctl.score_quality = bool(across_runs(prev.environments, [environment()]))
                 try:
                     if switchback:
-                        stop = None
-                        if lat_gate is not None:  # ladder.looks: the rung's latency gates at each look
-                            stop = (lambda arms, c=ctl.name, a=arm.name:  # noqa: E731
-                                    interim_latency(arms[c], arms[a], lat_gate)[0])
+                        stop = sequential_stop(gate, ladder.looks, ctl.name, arm.name)[1]
                         looks_made[name] = run_switchback([ctl, arm], ladder.blocks, run_dir, parent.run_id,
                                                           progress=bool(cfg.replay.progress), looks=ladder.looks,
                                                           stop=stop)
