@@ -74,13 +74,14 @@ cd "$(dirname "$0")/.."
 source benchmarks/gpu_detached.sh  # detach, wait_rc, split_archive
 OUT=${OUT:-$PWD/gpu_out}
 MODE=${1:-start}
+JOB=${JOB:-ab}  # ab: the engine A/B above; ladder: the vLLM ladder (benchmarks/gpu_vllm_ladder.sh says how)
 PY=${PY:-python3}
 TS=${TS:-1}
 N=${N:-500}
 OPTS=${OPTS:-"[paged_kv,flash_attn,dynamic_batching,chunked_prefill,batched_decode,cuda_graphs,piecewise_graphs,fused_kernels]"}
 DEADLINE_S=${DEADLINE_S:-570}  # seconds from this script's start by which everything is packed (a call: 600)
 WAIT_S=${WAIT_S:-$((DEADLINE_S - 90))}
-STATE=${STATE:-/tmp/optladder-ab-vllm}
+STATE=${STATE:-/tmp/optladder-$JOB-vllm}
 # vLLM checks at its start that free GPU memory >= gpu_memory_utilization x total (0.9: 127 GB), even though with
 # --kv-cache-memory-bytes (engine.kv_cache_gb) nothing else reads it; in the teacher-forced phase the reference
 # engine (16 GB of weights + 16 GiB of KV) is loaded beside it: 0.5 (70 GB) passes there, and in the replay
@@ -88,7 +89,9 @@ STATE=${STATE:-/tmp/optladder-ab-vllm}
 VLLM_GMU=${VLLM_GMU:-0.5}
 VSITE=${VSITE:-/tmp/site}             # vLLM + the serve wheels: the vLLM server's PYTHONPATH
 OSITE=${OSITE:-/tmp/site-optladder}   # the project's wheelhouse: run.py's PYTHONPATH
+RUNPATH=$OSITE  # run.py's PYTHONPATH: ours, and for JOB=ladder SmolLM2's package and the gguf reader
 case "$MODE" in stage|start|wait|check) ;; *) echo "usage: $0 stage|start|wait|check"; exit 2 ;; esac
+case "$JOB" in ab|ladder) ;; *) echo "JOB=$JOB: ab or ladder"; exit 2 ;; esac
 mkdir -p "$STATE/logs"; [ "$MODE" = check ] || mkdir -p "$OUT"
 # the data: .gpu-data, kept in /tmp/gpu-data by the call that brought it (the detached run outlives the call)
 export PYTHONUNBUFFERED=1 OPTLADDER_DATA=${OPTLADDER_DATA:-/tmp/gpu-data}
@@ -105,6 +108,19 @@ ARGS=(+ab=engine_vllm model=llama3_8b_shape workload=azure_conv workload.num_req
       "engine.server.extra_args=[--gpu-memory-utilization,$VLLM_GMU]" engine.server.startup_timeout_s=480
       replay.progress=false tracking.system_metrics=false
       "tracking.uri=sqlite:///$STATE/mlflow/mlflow.db" ${EXTRA:-})
+if [ "$JOB" = ladder ]; then  # +ladder=vllm on SmolLM2 (real weights), switchback rungs (gpu_vllm_ladder.sh)
+  ARGS=(engine=vllm +ladder=vllm model=smollm2_135m engine.dtype=bfloat16 engine.device=cuda workload=azure_conv
+        workload.num_requests="${N_LADDER:-300}" workload.sampling=head workload.time_scale="${TS_LADDER:-0.25}"
+        engine.flash_attn=true engine.max_model_len=2048 engine.kv_cache_gb=4 engine.block_size=16
+        engine.max_num_seqs=64
+        ladder.design=switchback ladder.blocks="${BLOCKS:-15}" ladder.looks="${LOOKS:-3}"
+        "++gate.latency_max_regression={perf/e2e_ms_p99:null,perf/e2e_ms_p90:0.1}"
+        engine.server.python=python3 "+engine.server.env.PYTHONPATH=$VSITE"
+        "+engine.server.env.VLLM_USE_FLASHINFER_SAMPLER='0'"
+        "engine.server.extra_args=[--gpu-memory-utilization,$VLLM_GMU]" engine.server.startup_timeout_s=480
+        replay.progress=false tracking.system_metrics=false
+        "tracking.uri=sqlite:///$STATE/mlflow/mlflow.db" ${FROM:+ladder.resume_from=$FROM} ${EXTRA:-})
+fi
 if [ -n "${SMOKE:-}" ]; then  # here, on the CPU: the same A/B, small
   ARGS=(+ab=engine_vllm model=tiny workload=azure_conv workload.num_requests=6 workload.sampling=head
         workload.time_scale=20 engine.max_model_len=1024 engine.kv_cache_gb=0.05 engine.cpu_threads=1
@@ -136,6 +152,7 @@ stage() {  # copies the chunks and manifests this call brought into /tmp
   fi
   if [ -d .stage/mei ]; then mkdir -p /tmp/mei && cp .stage/mei/*.whl /tmp/mei/; fi
   if [ -d .gpu-data ]; then mkdir -p /tmp/gpu-data && cp -r .gpu-data/. /tmp/gpu-data/; fi
+  if [ "$JOB" = ladder ]; then SMOLLM2_STAGE_ONLY=1 source benchmarks/gpu_smollm2.sh > /dev/null || exit 1; fi
 }
 
 complete() {  # complete MANIFEST STAGE_DIR: the manifest came (in this call or an earlier one), every part staged
@@ -205,9 +222,14 @@ from optladder.engine.validation import validate_engine
 register()
 args = sys.argv[1:]
 with initialize_config_dir(config_dir=str(Path("optladder/conf").resolve()), version_base="1.3"):
-    ab = compose(config_name="config", overrides=args).ab
+    top = compose(config_name="config", overrides=args)
     base = base_overrides(args)
-    for name, extra in (("control", list(ab.control)), ("candidate", list(ab.candidate))):
+    if top.get("ab") is not None:
+        arms = [("control", list(top.ab.control)), ("candidate", list(top.ab.candidate))]
+    else:  # a ladder: its baseline and each rung with the opts up to it, as run_ladder composes them
+        rungs = list(top.ladder.rungs)
+        arms = [("baseline", [])] + [(r, [f"+opt=[{','.join(rungs[:i + 1])}]"]) for i, r in enumerate(rungs)]
+    for name, extra in arms:
         conf = build(compose_arm(base, extra))
         e = conf.engine
         print(f"{name}: engine={e.name} opts paged_kv={e.paged_kv} flash_attn={e.flash_attn} "
@@ -230,7 +252,7 @@ PY
 
 # the detached A/B: run.py in its own process session, so it outlives this call (AB_S at most)
 detached() {
-  local envs=(PYTHONPATH="$OSITE")
+  local envs=(PYTHONPATH="$RUNPATH")
   [ -n "${SMOKE:-}" ] && envs=()  # here: this checkout's environment
   detach "$STATE" "$STATE/logs/run.log" timeout -s TERM -k 40 "${AB_S:-1500}" env ${envs[@]+"${envs[@]}"} \
     OPTLADDER_DATA="$OPTLADDER_DATA" OPTLADDER_CACHE="$OPTLADDER_CACHE" PYTHONUNBUFFERED=1 \
@@ -255,10 +277,10 @@ pack() {  # the runs exported, the state packed into $OUT (at most 8 files of at
   fi
   # the vLLM server logs (optladder/backends/vllm_server.py writes them under /tmp/optladder-vllm-*)
   mkdir -p "$STATE/vllm-logs" && cp /tmp/optladder-vllm-*/vllm-*.log "$STATE/vllm-logs/" 2>/dev/null
-  rm -f "$OUT"/ab-vllm-*.tgz*
-  tar czf "$OUT/ab-vllm-$MODE.tgz" -C "$STATE" --exclude=./cache --exclude=./mlflow-export-new .
-  split_archive "$OUT/ab-vllm-$MODE.tgz"  # here: cat ab-vllm-*.tgz.part* | tar xz
-  for f in verdict.json; do [ -f "$STATE/run/$f" ] && cp "$STATE/run/$f" "$OUT/"; done
+  rm -f "$OUT"/"$JOB"-vllm-*.tgz*
+  tar czf "$OUT/$JOB-vllm-$MODE.tgz" -C "$STATE" --exclude=./cache --exclude=./mlflow-export-new .
+  split_archive "$OUT/$JOB-vllm-$MODE.tgz"  # here: cat $JOB-vllm-*.tgz.part* | tar xz
+  for f in verdict.json ladder.json; do [ -f "$STATE/run/$f" ] && cp "$STATE/run/$f" "$OUT/"; done
   cp "$STATE/logs/run.log" "$OUT/" 2>/dev/null
   ls -la "$OUT"
 }
@@ -281,7 +303,12 @@ if [ "$MODE" = start ]; then
         "see the header"; exit 2; }
     done
     versions
-    PYTHONPATH=$OSITE check > "$STATE/logs/check.log" 2>&1 || { cat "$STATE/logs/check.log"; exit 3; }
+    if [ "$JOB" = ladder ]; then  # SmolLM2's GGUF joined from the pieces the calls brought (gpu_smollm2.sh)
+      source benchmarks/gpu_smollm2.sh
+      [ ${#SMOL[@]} -gt 0 ] || { echo "SmolLM2's pieces are not all here: see gpu_vllm_ladder.sh"; exit 2; }
+      RUNPATH=$OSITE:$PYTHONPATH
+    fi
+    PYTHONPATH=$RUNPATH check > "$STATE/logs/check.log" 2>&1 || { cat "$STATE/logs/check.log"; exit 3; }
     cat "$STATE/logs/check.log"
   fi
   rm -rf "$STATE/run" "$STATE/mlflow" "$STATE/mlflow-export" "$STATE/rc" "$STATE/vllm-logs" /tmp/optladder-vllm-*
