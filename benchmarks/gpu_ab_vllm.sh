@@ -116,8 +116,7 @@ if [ "$JOB" = ladder ]; then  # +ladder=vllm on SmolLM2 (real weights), switchba
         ladder.design=switchback ladder.blocks="${BLOCKS:-15}" ladder.looks="${LOOKS:-3}"
         "++gate.latency_max_regression={perf/e2e_ms_p99:null,perf/e2e_ms_p90:0.1}"
         engine.server.python=python3 "+engine.server.env.PYTHONPATH=$VSITE"
-        "+engine.server.env.VLLM_USE_FLASHINFER_SAMPLER='0'"
-        "engine.server.extra_args=[--gpu-memory-utilization,$VLLM_GMU]" engine.server.startup_timeout_s=480
+        "+engine.server.env.VLLM_USE_FLASHINFER_SAMPLER='0'" engine.server.startup_timeout_s=480
         replay.progress=false tracking.system_metrics=false
         "tracking.uri=sqlite:///$STATE/mlflow/mlflow.db" ${FROM:+ladder.resume_from=$FROM} ${EXTRA:-})
 fi

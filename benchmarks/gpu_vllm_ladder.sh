@@ -3,8 +3,8 @@
 # workload=azure_conv` with vLLM 0.26.0 served from the offline bundle, SmolLM2-135M-Instruct's real weights in bf16,
 # the Azure conversation trace's first N_LADDER (300) requests at TS_LADDER (0.25: 4x its rate), every rung in a
 # switchback beside its control (BLOCKS 15, LOOKS 3: sequential stopping) gated on E2E p90 (p99 of 300 requests is
-# not resolved), 4 GiB of KV per server (two run at once: vLLM's start-up check is passed by
-# --gpu-memory-utilization VLLM_GMU, 0.5), 200 quality prompts (near-tie check over vLLM's top-5 log-probs for the
+# not resolved), 4 GiB of KV per server (two run at once: with an exact KV size the launch asks vLLM's start-up
+# check for 0.2 of the GPU free, optladder/backends/vllm_args.py), 200 quality prompts (near-tie check over vLLM's top-5 log-probs for the
 # lossless rungs, teacher-forced gates over its top-20 prompt log-probs for kv_fp8 and quant_fp8).
 # It is gpu_ab_vllm.sh with JOB=ladder: the same staging, detached run and packing (read its header).
 #

@@ -75,6 +75,21 @@ def test_cuda_maps_attention_backend_and_cuda_graphs_both_ways(on):
     assert L.opts_effective["flash_attn"]["on"] is on and L.opts_effective["cuda_graphs"]["on"] is on
 
 
+def test_an_exact_kv_size_on_a_gpu_leaves_room_for_a_second_server():
+    """With --kv-cache-memory-bytes vLLM still refuses to start unless free memory >= gpu_memory_utilization x
+    total (0.9 by default), which a second server on the same GPU (a switchback's other arm) never meets: the
+    launch asks for the shared fraction instead, unless the user set the flag; on the CPU nothing is added."""
+    from optladder.backends.vllm_args import SHARED_GPU_FRACTION
+
+    L = launch("cuda", kv_cache_gb=4.0, block_size=16)
+    assert L.args.count("--gpu-memory-utilization") == 1
+    assert float(flag(L.args, "--gpu-memory-utilization")) == SHARED_GPU_FRACTION < 0.5
+    own = launch("cuda", kv_cache_gb=4.0, block_size=16,
+                 server=ServerConfig(extra_args=["--gpu-memory-utilization", "0.7"]))
+    assert own.args.count("--gpu-memory-utilization") == 1 and own.args[-2:] == ["--gpu-memory-utilization", "0.7"]
+    assert "--gpu-memory-utilization" not in launch("cpu", kv_cache_gb=0.5).args
+
+
 def test_piecewise_graphs_map_to_vllms_full_and_piecewise_mode():
     L = launch("cuda", flash_attn=True, cuda_graphs=True, piecewise_graphs=True, block_size=16)
     assert json.loads(flag(L.args, "--compilation-config"))["cudagraph_mode"] == "FULL_AND_PIECEWISE"

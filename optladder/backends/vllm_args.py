@@ -158,6 +158,9 @@ def speculative_mapping(cfg: EngineConfig, requested: bool) -> OptMapping:
                       ["--speculative-config", json.dumps(sc)], extra={"speculative_config": sc})
 
 
+SHARED_GPU_FRACTION = 0.2  # engine.kv_cache_gb on a GPU: the free share vLLM's start-up check asks for
+
+
 def kv_cache_settings(cfg: EngineConfig, device_type: str) -> tuple[list[str], dict[str, str]]:
     """engine.kv_cache_gb: on CPU vLLM's own knob, VLLM_CPU_KVCACHE_SPACE (whole GiB only), else the exact
     byte count; null: a fraction of memory (vLLM's gpu_memory_utilization, which on CPU is of RAM and on
@@ -168,7 +171,13 @@ def kv_cache_settings(cfg: EngineConfig, device_type: str) -> tuple[list[str], d
         return [], {"VLLM_CPU_KVCACHE_SPACE": str(int(cfg.kv_cache_gb))}
     # the CPU variable would override the exact size, so it is cleared for the server
     env = {"VLLM_CPU_KVCACHE_SPACE": ""} if device_type == "cpu" else {}
-    return ["--kv-cache-memory-bytes", str(math.floor(cfg.kv_cache_gb * GIB))], env
+    args = ["--kv-cache-memory-bytes", str(math.floor(cfg.kv_cache_gb * GIB))]
+    if device_type == "cuda" and "--gpu-memory-utilization" not in cfg.server.extra_args:
+        # with an exact KV size vLLM reads the fraction only in its start-up check, free memory >= fraction x
+        # total: at its default 0.9 a second server on the same GPU (a switchback's other arm, the teacher-forced
+        # phase beside another engine) is refused however little both need
+        args += ["--gpu-memory-utilization", str(SHARED_GPU_FRACTION)]
+    return args, env
 
 
 def check_tensor_parallel(tp: int, device_type: str, visible_gpus: int) -> None:
