@@ -98,6 +98,26 @@ def test_a_missing_interpreter_and_the_default_are_named():
     check_install(VLLMInstall("/y/python", "0.32.0"), ServerConfig())  # found: nothing to say
 
 
+def test_the_probe_looks_where_the_server_will_with_its_env(tmp_path):
+    """A vLLM found only on engine.server.env's PYTHONPATH (an unpacked bundle, as on the GPU machine) is found by
+    the preflight's probe as it is by the server started with that env; without the env it is not there."""
+    from optladder.experiments.preflight import check_vllm_install
+
+    site = tmp_path / "site"
+    (site / "vllm").mkdir(parents=True)
+    (site / "vllm" / "__init__.py").write_text("")
+    (site / "vllm-9.9.9.dist-info").mkdir()
+    (site / "vllm-9.9.9.dist-info" / "METADATA").write_text("Metadata-Version: 2.1\nName: vllm\nVersion: 9.9.9\n")
+    bare = probe(sys.executable)
+    assert not bare.ok and "No module named 'vllm'" in bare.error
+    env = {"PYTHONPATH": str(site)}
+    assert probe(sys.executable, env).version == "9.9.9"
+    engine = EngineConfig(name="vllm", server=ServerConfig(python=sys.executable, env=env))
+    assert check_vllm_install(engine).version == "9.9.9"
+    with pytest.raises(ValueError, match="cannot import vllm"):
+        check_vllm_install(EngineConfig(name="vllm", server=ServerConfig(python=sys.executable)))
+
+
 @pytest.mark.skipif(not VLLM_PY.exists(), reason="vLLM not installed in .venv-vllm")
 def test_the_probe_finds_the_cpu_wheel_and_its_version():
     install = probe(str(VLLM_PY))

@@ -15,8 +15,10 @@ _is_amx_tile_supported() answer them.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -63,21 +65,29 @@ class VLLMInstall:
         return self.version is not None
 
 
-_PROBED: dict[str, VLLMInstall] = {}
+_PROBED: dict[tuple, VLLMInstall] = {}
 
 
-def probe(python: str) -> VLLMInstall:
-    """Whether `python` finds vLLM, and its version; once per interpreter and process (a ladder's rungs ask again)."""
-    if python not in _PROBED:
-        _PROBED[python] = _probe(python)
-    return _PROBED[python]
+def _key(python: str, env: Mapping[str, str] | None) -> tuple:
+    return python, tuple(sorted((env or {}).items()))
 
 
-def _probe(python: str) -> VLLMInstall:
+def probe(python: str, env: Mapping[str, str] | None = None) -> VLLMInstall:
+    """Whether `python` finds vLLM, and its version; once per interpreter, environment and process (a ladder's
+    rungs ask again). `env`: what the server gets on top of this process's environment (engine.server.env, e.g.
+    the PYTHONPATH of an unpacked vLLM), so the probe imports what the server will."""
+    key = _key(python, env)
+    if key not in _PROBED:
+        _PROBED[key] = _probe(python, env)
+    return _PROBED[key]
+
+
+def _probe(python: str, env: Mapping[str, str] | None = None) -> VLLMInstall:
     if not Path(python).exists() and shutil.which(python) is None:
         return VLLMInstall(python, None, "no such file")
     try:
-        out = subprocess.run([python, "-c", PROBE], capture_output=True, text=True, timeout=PROBE_TIMEOUT_S)
+        out = subprocess.run([python, "-c", PROBE], capture_output=True, text=True, timeout=PROBE_TIMEOUT_S,
+                             env={**os.environ, **env} if env else None)
     except OSError as e:
         return VLLMInstall(python, None, f"{type(e).__name__}: {e.strerror or e}")
     except subprocess.TimeoutExpired:
@@ -93,9 +103,10 @@ def _probe(python: str) -> VLLMInstall:
     return VLLMInstall(python, str(got["version"]))
 
 
-def known_version(python: str) -> str | None:
-    """The version an earlier probe of `python` found in this process, without probing (None: not probed, or none)."""
-    known = _PROBED.get(python)
+def known_version(python: str, env: Mapping[str, str] | None = None) -> str | None:
+    """The version an earlier probe of `python` (with `env`) found in this process, without probing (None: not
+    probed, or none)."""
+    known = _PROBED.get(_key(python, env))
     return known.version if known else None
 
 

@@ -65,7 +65,7 @@ class VLLMServer:
         srv = engine_cfg.server
         # what this vLLM cannot run on this device and model, refused before it starts (the version is the one the
         # preflight's probe found: optladder/experiments/preflight.py)
-        check_switches(engine_cfg, _head_dim(model_cfg), dev, known_version(vllm_python(srv)))
+        check_switches(engine_cfg, _head_dim(model_cfg), dev, known_version(vllm_python(srv), srv.env))
         validate_engine(engine_cfg, dev)
         self.model = srv.served_model_name or model_cfg.name
         self.max_model_len = engine_cfg.max_model_len

@@ -79,7 +79,7 @@ def check_vllm_install(engine):
     from optladder.backends.vllm_env import check_install, probe
     from optladder.backends.vllm_server import VLLM_VENV_PYTHON, vllm_python
 
-    install = probe(vllm_python(engine.server))
+    install = probe(vllm_python(engine.server), engine.server.env)
     check_install(install, engine.server, str(VLLM_VENV_PYTHON))
     return install
 
