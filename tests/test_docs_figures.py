@@ -256,6 +256,19 @@ def gpu_serving_path() -> str:
             f"({'one round' if n == 1 else f'{n} rounds'})")
 
 
+def gpu_vllm_ladder() -> str:
+    """From ladder.json: how many rungs ran, and each one's verdict and E2E p90 change against its control beside it."""
+    d = load("gpu_vllm_ladder_h100/ladder.json")
+    assert d["ladder"] == "vllm"
+    parts = []
+    for r in d["rungs"][1:]:
+        g = next(g for g in r["verdict"]["gates"] if g["gate"] == "latency_max_regression")
+        change = float(re.search(r"change ([+-][\d.]+)%", g["reason"]).group(1))
+        near = next(g for g in r["verdict"]["gates"] if g["gate"] == "near_tie")["status"]
+        parts.append(f"{r['opt']} {r['status']} (E2E p90 {change:+.1f}%, near-tie {near})")
+    return (f"vLLM ladder, {len(d['rungs']) - 1} of {len(d['planned'])} rungs so far: " + "; ".join(parts))
+
+
 # id: (the study the row links, its hardware and model where the study has two rows, the cell rebuilt)
 ROWS = {"cpu_switches": ("cpu_switches", None, None, cpu_switches), "gpu_h200": ("gpu_h200", None, None, gpu_h200),
         "gpu_ab_vllm_h200": ("gpu_ab_vllm_h200", None, None, gpu_ab_vllm), "aa_cpu": ("aa_cpu", None, None, aa_cpu),
@@ -268,7 +281,8 @@ ROWS = {"cpu_switches": ("cpu_switches", None, None, cpu_switches), "gpu_h200": 
         "near_tie_calibration:h100": ("near_tie_calibration", "H100", None, near_tie_h100),
         "error_rates": ("error_rates", "H100", "SmolLM2-135M, bf16, eager", error_rates),
         "error_rates:allon": ("error_rates", "H100", "SmolLM2-135M, bf16, all switches on", error_rates_allon), "lossy_cpu": ("lossy_cpu", None, None, lossy_cpu),
-        "gpu_serving_path_h100": ("gpu_serving_path_h100", None, None, gpu_serving_path)}
+        "gpu_serving_path_h100": ("gpu_serving_path_h100", None, None, gpu_serving_path),
+        "gpu_vllm_ladder_h100": ("gpu_vllm_ladder_h100", None, None, gpu_vllm_ladder)}
 
 
 def test_every_headline_row_is_checked():
