@@ -85,7 +85,8 @@ STATE=${STATE:-/tmp/optladder-$JOB-vllm}
 # vLLM checks at its start that free GPU memory >= gpu_memory_utilization x total (0.9: 127 GB), even though with
 # --kv-cache-memory-bytes (engine.kv_cache_gb) nothing else reads it; in the teacher-forced phase the reference
 # engine (16 GB of weights + 16 GiB of KV) is loaded beside it: 0.5 (70 GB) passes there, and in the replay
-# (run.py holds nothing on the GPU then: run_arms frees what the control's engine left)
+# (run.py holds nothing on the GPU then: run_arms frees what the control's engine left). With engine.kv_cache_gb
+# the launch asks for 0.2 by itself (optladder/backends/vllm_args.py); this A/B passes its own, which wins.
 VLLM_GMU=${VLLM_GMU:-0.5}
 VSITE=${VSITE:-/tmp/site}             # vLLM + the serve wheels: the vLLM server's PYTHONPATH
 OSITE=${OSITE:-/tmp/site-optladder}   # the project's wheelhouse: run.py's PYTHONPATH
@@ -249,14 +250,14 @@ with initialize_config_dir(config_dir=str(Path("optladder/conf").resolve()), ver
 PY
 }
 
-# the detached A/B: run.py in its own process session, so it outlives this call (AB_S at most)
+# the detached A/B or ladder: run.py in its own process session, so it outlives this call (AB_S at most)
 detached() {
   local envs=(PYTHONPATH="$RUNPATH")
   [ -n "${SMOKE:-}" ] && envs=()  # here: this checkout's environment
   detach "$STATE" "$STATE/logs/run.log" timeout -s TERM -k 40 "${AB_S:-1500}" env ${envs[@]+"${envs[@]}"} \
     OPTLADDER_DATA="$OPTLADDER_DATA" OPTLADDER_CACHE="$OPTLADDER_CACHE" PYTHONUNBUFFERED=1 \
     $PY run.py "${ARGS[@]}" hydra.run.dir="$STATE/run"
-  log "the A/B runs detached (at most ${AB_S:-1500}s): $STATE/run.sh"
+  log "the $JOB runs detached (at most ${AB_S:-1500}s): $STATE/run.sh"
 }
 
 RC=0
@@ -294,7 +295,7 @@ if [ "$MODE" = stage ]; then
 fi
 if [ "$MODE" = start ]; then
   if [ -f "$STATE/run.sh" ] && [ ! -f "$STATE/rc" ]; then
-    echo "an A/B still runs in $STATE: '$0 wait' for it"; exit 2
+    echo "a $JOB still runs in $STATE: '$0 wait' for it"; exit 2
   fi
   if [ -z "${SMOKE:-}" ]; then
     for need in "$VSITE/vllm" "$VSITE/.serve-wheels-installed" "$OSITE/hydra" "$OPTLADDER_DATA/traces"; do
@@ -305,7 +306,7 @@ if [ "$MODE" = start ]; then
     if [ "$JOB" = ladder ]; then  # SmolLM2's GGUF joined from the pieces the calls brought (gpu_smollm2.sh)
       source benchmarks/gpu_smollm2.sh
       [ ${#SMOL[@]} -gt 0 ] || { echo "SmolLM2's pieces are not all here: see gpu_vllm_ladder.sh"; exit 2; }
-      RUNPATH=$OSITE:$PYTHONPATH
+      RUNPATH=$OSITE:/tmp/stage/pkg:/tmp/site-gguf  # what gpu_smollm2.sh put on PYTHONPATH
     fi
     PYTHONPATH=$RUNPATH check > "$STATE/logs/check.log" 2>&1 || { cat "$STATE/logs/check.log"; exit 3; }
     cat "$STATE/logs/check.log"

@@ -24,5 +24,6 @@
 #   7 start  carry: .stage/c         8... wait (exit 124 while it runs: call again at once)
 # A ladder outlasts one machine (each rung starts two vLLM servers; a machine is held 30 minutes): each call packs
 # the run so far into $OUT/ladder-vllm-<mode>.tgz; FROM=<its run folder, carried> resumes it on the next machine
-# (ladder.resume_from: the rungs that finished are read back, with their controls run beside them).
+# (ladder.resume_from: the rungs that finished are read back, with their controls run beside them). FROM must not
+# be $STATE/run on the same machine: `start` clears that folder first; unpack the packed run elsewhere.
 exec env JOB=ladder bash "$(dirname "$0")/gpu_ab_vllm.sh" "$@"

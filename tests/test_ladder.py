@@ -390,6 +390,25 @@ def test_ladder_table_compares_the_baseline_with_the_last_accepted_rung():
     assert ladder_table(two_kept).splitlines()[0] == "| metric | baseline | all on (paged_kv+flash_attn) | change |"
 
 
+def test_a_switchback_ladders_table_starts_from_the_baseline_replayed_in_blocks():
+    """In a switchback ladder the rungs ran in blocks (each starting with no queue) and the baseline's own run as
+    one whole trace: the headline compares the last accepted rung with the baseline beside rung 1, which ran in the
+    same blocks. A ladder of whole runs keeps the baseline's own run."""
+    whole = {"perf/ttft_ms_p50": 1364.0, "perf/e2e_ms_p99": 14787.0, "quality/bleu_vs_ref": 9.895}
+    in_blocks = {"perf/ttft_ms_p50": 60.66, "perf/e2e_ms_p99": 10738.0}
+    rung = {"perf/ttft_ms_p50": 38.44, "perf/e2e_ms_p99": 1475.0}
+    rungs = [{"rung": 0, "opt": None, "opts": [], "status": "baseline", "accepted_rung": 0, "metrics": whole},
+             {"rung": 1, "opt": "cuda_graphs", "opts": ["cuda_graphs"], "status": "pass", "accepted_rung": 1,
+              "metrics": rung, "blocks": 15, "control_beside": {"name": "rung0-baseline-again-rung1-cuda_graphs",
+                                                                "metrics": in_blocks}}]
+    lines = ladder_table(rungs).splitlines()
+    assert lines[0] == "| metric | baseline (beside rung 1, in blocks) | all on (cuda_graphs) | change |"
+    assert lines[2] == "| TTFT p50 (ms) | 60.66 | 38.44 | -36.6% |"
+    assert "| BLEU vs references | 9.895 | - | - |" in lines  # quality: the baseline's own (the run beside scores none)
+    interleaved = [rungs[0], {k: v for k, v in rungs[1].items() if k != "blocks"}]  # design=runs, interleave
+    assert ladder_table(interleaved).splitlines()[2] == "| TTFT p50 (ms) | 1364 | 38.44 | -97.2% |"
+
+
 def test_rung_opts_and_what_keeps_a_rung():
     assert rung_opts(["paged_kv"], "flash_attn") == ["paged_kv", "flash_attn"]
     assert [keeps(s, True) for s in ("pass", "inconclusive", "fail")] == [True, True, False]

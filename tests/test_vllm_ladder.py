@@ -210,6 +210,57 @@ def test_a_failed_start_leaves_its_log_in_the_given_directory_and_no_process(tmp
     assert_gone(int(pidfile.read_text()))
 
 
+def test_servers_launched_without_waiting_start_together(tmp_path):
+    """make_backend(..., wait=False) launches `vllm serve` and returns; wait_ready() then waits for it. Two servers
+    launched that way (a switchback's arms, the teacher-forced pair) come up together: the second was started
+    before the first answered, not a whole start-up later. The fake server takes UP_S to answer /health."""
+    from optladder.backends import make_backend
+
+    up_s = 4.0
+    starts = tmp_path / "starts.txt"
+    body = textwrap.dedent(f'''
+        import http.server, sys, time
+        with open({str(starts)!r}, "a") as f:
+            f.write(f"{{time.time()}}\\n")
+        time.sleep({up_s})
+        port = int(sys.argv[sys.argv.index("--port") + 1])
+
+        class H(http.server.BaseHTTPRequestHandler):
+            def do_GET(self):
+                self.send_response(200)
+                self.end_headers()
+                self.wfile.write(b"")
+
+            def log_message(self, *a):
+                pass
+
+        http.server.HTTPServer(("127.0.0.1", port), H).serve_forever()
+    ''')
+    py = fake_vllm_python(tmp_path, server=body)
+    model = ModelConfig(name="tiny_hd32", source="random", tokenizer="smollm2", vocab_size=49152, hidden_size=128,
+                        intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                        head_dim=32)
+    engine = EngineConfig(name="vllm", block_size=128, device="cpu", max_model_len=1024,
+                          server=ServerConfig(python=str(py), port=0, startup_timeout_s=60))
+    a = make_backend(model, engine, log_dir=tmp_path / "a", wait=False)
+    try:
+        b = make_backend(model, engine, log_dir=tmp_path / "b", wait=False)
+        try:
+            assert a.start_s is None and b.start_s is None  # launched, not awaited
+            a.wait_ready()
+            b.wait_ready()
+            t_a, t_b = (float(x) for x in starts.read_text().split())
+            assert t_b - t_a < 0.75 * up_s, (t_a, t_b)  # b was launched before a could answer
+            assert a.start_s >= up_s and b.start_s >= up_s
+            pids = [a.server.process.proc.pid, b.server.process.proc.pid]
+        finally:
+            b.close()
+    finally:
+        a.close()
+    for pid in pids:
+        assert_gone(pid)
+
+
 def test_a_run_whose_server_fails_to_start_is_marked_failed_with_the_servers_log(tmp_path):
     """run_experiment(engine=vllm) whose `vllm serve` exits at start: the run is FAILED in MLflow, its error.txt
     holds the server's exit status and log tail, and no process of the server is left."""

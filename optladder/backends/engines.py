@@ -25,6 +25,7 @@ class Backend(Protocol):
     load_s: float
     start_s: float
 
+    def wait_ready(self) -> None: ...  # a server launched with make_backend(..., wait=False): until it answers
     def warmup(self, requests: list[Request]) -> None: ...
     def replay(self, requests: list[Request], cfg: ReplayConfig, pacing: Pacing,
                on_record: Callable[[RequestRecord], None]) -> list[RequestRecord]: ...
@@ -62,6 +63,9 @@ class ReferenceBackend:
     @staticmethod
     def _replay_params(r: Request) -> SamplingParams:
         return SamplingParams(temperature=0.0, max_tokens=r.output_len, ignore_eos=r.ignore_eos)
+
+    def wait_ready(self) -> None:
+        pass  # loaded in __init__
 
     def warmup(self, requests: list[Request]) -> None:
         """A few short requests so one-time costs (allocator, kernels, caches) stay out of the numbers."""
@@ -152,6 +156,9 @@ class HFBackend:
         self.load_s, self.start_s = self.engine.load_s, self.engine.start_s
         self._profile = None
 
+    def wait_ready(self) -> None:
+        pass  # loaded in __init__
+
     def warmup(self, requests: list[Request]) -> None:
         if requests:
             self.engine.generate([r.prompt_token_ids for r in requests], 4)
@@ -224,6 +231,9 @@ class _HttpBackend:
         self.api_key = engine_cfg.server.api_key
         self._metrics: dict[str, float] = {}
 
+    def wait_ready(self) -> None:
+        pass  # started in __init__ (VLLMBackend overrides it)
+
     def warmup(self, requests: list[Request]) -> None:
         if requests:
             self.server.generate([r.prompt_token_ids for r in requests], 4, self.concurrency, progress=False)
@@ -266,11 +276,17 @@ class VLLMBackend(_HttpBackend):
 
     name = "vllm"
 
-    def __init__(self, model_cfg: ModelConfig, engine_cfg: EngineConfig, log_dir: Path | None = None):
+    def __init__(self, model_cfg: ModelConfig, engine_cfg: EngineConfig, log_dir: Path | None = None,
+                 wait: bool = True):
         from optladder.backends.vllm_server import VLLMServer
 
         super().__init__(model_cfg, engine_cfg)
-        self.server = VLLMServer(model_cfg, engine_cfg, log_dir)  # log_dir: the run's, so a failed start leaves it there
+        # log_dir: the run's, so a failed start leaves it there; wait=False: launched, wait_ready() awaits it
+        self.server = VLLMServer(model_cfg, engine_cfg, log_dir, wait=wait)
+        self.start_s = self.server.start_s
+
+    def wait_ready(self) -> None:
+        self.server.wait_ready()
         self.start_s = self.server.start_s
 
     def replay(self, requests, cfg, pacing, on_record):
@@ -305,9 +321,11 @@ class OpenAIBackend(_HttpBackend):
 
 
 def make_backend(model_cfg: ModelConfig, engine_cfg: EngineConfig, driver: str = "inprocess",
-                 faults: FaultConfig | None = None, log_dir: Path | None = None) -> Backend:
+                 faults: FaultConfig | None = None, log_dir: Path | None = None, wait: bool = True) -> Backend:
     """log_dir: where a server-backed engine (vllm) writes its server's log, e.g. the run directory (None: a
-    temporary directory, named in the log and in the error of a server that fails to start)."""
+    temporary directory, named in the log and in the error of a server that fails to start). wait=False: a
+    server-backed engine is launched and not awaited, so that several start at once; call wait_ready() before
+    using it (the in-process engines are loaded either way)."""
     name = engine_cfg.name
     tp = engine_cfg.server.tensor_parallel_size
     if tp != 1 and name != "vllm":
@@ -324,7 +342,7 @@ def make_backend(model_cfg: ModelConfig, engine_cfg: EngineConfig, driver: str =
     if name == "hf":
         return HFBackend(model_cfg, engine_cfg, driver)
     if name == "vllm":
-        return VLLMBackend(model_cfg, engine_cfg, log_dir)
+        return VLLMBackend(model_cfg, engine_cfg, log_dir, wait=wait)
     if name == "openai":
         return OpenAIBackend(model_cfg, engine_cfg)
     raise ValueError(f"engine.name={name!r} is not one of {list(ENGINES)}")

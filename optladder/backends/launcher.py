@@ -97,9 +97,10 @@ class ServerProcess:
             _LIVE.add(self)
         log.info("%s: started pid %d on port %d, log %s", name, self.proc.pid, port, self.log_path)
 
-    def wait_healthy(self, timeout_s: float, poll_s: float = 0.5) -> float:
-        """Block until GET /health answers 200; seconds waited. Exit or timeout: stop it and raise."""
-        t0 = time.monotonic()
+    def wait_healthy(self, timeout_s: float, poll_s: float = 0.5, since: float | None = None) -> float:
+        """Block until GET /health answers 200; seconds waited. Exit or timeout: stop it and raise. since: the
+        time.monotonic() the timeout counts from (a server launched earlier and awaited now: its launch)."""
+        t0 = time.monotonic() if since is None else since
         try:
             while not self._healthy():
                 rc = self.proc.poll()

@@ -57,7 +57,10 @@ def visible_gpus() -> int:
 
 
 class VLLMServer:
-    def __init__(self, model_cfg: ModelConfig, engine_cfg: EngineConfig, log_dir: Path | None = None):
+    def __init__(self, model_cfg: ModelConfig, engine_cfg: EngineConfig, log_dir: Path | None = None,
+                 wait: bool = True):
+        """wait=False: launched, not awaited; wait_ready() waits for /health (a switchback launches both arms'
+        servers before waiting on either: each start is a minute of imports and compilation)."""
         from optladder.backends.vllm_env import check_switches, known_version
         from optladder.engine.validation import validate_engine
 
@@ -80,16 +83,25 @@ class VLLMServer:
         self._bytes_per_token = _kv_bytes_per_token(model_cfg, launch.dtype)
         install_signal_handlers()
         log.info("starting vLLM: %s (env %s)", " ".join(self.cmd), launch.env)
-        t0 = time.perf_counter()
+        self._t0, self._t0_mono = time.perf_counter(), time.monotonic()
+        self._startup_timeout_s = srv.startup_timeout_s
+        self.start_s: float | None = None
         self.process = ServerProcess(self.cmd, srv.host, port, self.log_path, env={**os.environ, **launch.env},
                                      name="vllm")
+        if wait:
+            self.wait_ready()
+
+    def wait_ready(self) -> None:
+        """Until the server answers /health (at most engine.server.startup_timeout_s from its launch); once."""
+        if self.start_s is not None:
+            return
         try:
-            self.process.wait_healthy(srv.startup_timeout_s)
-            self.start_s = time.perf_counter() - t0
+            self.process.wait_healthy(self._startup_timeout_s, since=self._t0_mono)  # from its launch
+            self.start_s = time.perf_counter() - self._t0
             self.url = self.process.url
             self.metrics_url = self.url + "/metrics"
             self.kv_blocks = prometheus.kv_blocks(prometheus.scrape(self.metrics_url))
-        except BaseException:  # a constructor that raises has no __exit__: stop it here
+        except BaseException:  # a server that never became healthy is stopped here (a constructor has no __exit__)
             self.process.stop()
             raise
         log.info("vLLM healthy at %s after %.1f s (log %s)", self.url, self.start_s, self.log_path)

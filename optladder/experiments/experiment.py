@@ -95,11 +95,16 @@ class ArmSession:
         self.t_replay: float | None = None
 
     def __enter__(self) -> "ArmSession":
+        return self.start().ready()
+
+    def start(self, wait: bool = True) -> "ArmSession":
+        """The run directory and snapshot, the engine loaded (or, wait=False, a server-backed one launched
+        without waiting for it: a switchback launches every arm's server before ready() waits on any)."""
         self.run_dir.mkdir(parents=True, exist_ok=True)
         with as_user_error():
             self.conf = build(self.cfg)  # the dataclasses: unknown keys refused, each validates its own fields here
         self.prepared = self.prepared or prepare(self.conf)  # every data file, before an engine starts
-        conf, prepared = self.conf, self.prepared
+        conf = self.conf
         self.resolved = OmegaConf.to_container(self.cfg, resolve=True)
         self.snapshot = build_snapshot(self.resolved, self.overrides, self.choices)
         write_snapshot(self.run_dir, self.snapshot)
@@ -111,9 +116,28 @@ class ArmSession:
                 self._open_tracker()
             with as_user_error():  # the engine refuses a setting it cannot run before its weights load
                 self.backend = make_backend(conf.model, conf.engine, conf.replay.driver, conf.faults,
-                                            log_dir=self.run_dir)  # a server's log stays with its run
+                                            log_dir=self.run_dir, wait=wait)  # a server's log stays with its run
             # a server-backed engine (vLLM) must stop on every exit path, not only at process exit
             self._stack.callback(self.backend.close)
+        except BaseException:
+            self.__exit__(*sys.exc_info())
+            raise
+        return self
+
+    def wait_engine(self) -> None:
+        """A server launched by start(wait=False) awaited (nothing for an engine loaded in start); once."""
+        try:
+            with as_user_error():
+                self.backend.wait_ready()
+        except BaseException:
+            self.__exit__(*sys.exc_info())
+            raise
+
+    def ready(self) -> "ArmSession":
+        """The engine answering (a launched server awaited) and warmed up on requests like the workload's."""
+        self.wait_engine()
+        conf, prepared = self.conf, self.prepared
+        try:
             self.metrics: dict[str, float] = {"perf/load_s": self.backend.load_s, "perf/start_s": self.backend.start_s}
             workload = prepared.workload
             self.snapshot["requests_digest"] = requests_digest(workload.requests)

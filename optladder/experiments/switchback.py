@@ -85,8 +85,20 @@ def run_switchback(arms, blocks: int, out_dir: Path, parent_run_id: str | None, 
                                  run_name=f"{arm.name} (switchback, {blocks} blocks)", parent_run_id=parent_run_id,
                                  tags=tags, with_quality=arm.score_quality, prepared=arm.prepared,
                                  defer_tracking=True)
-            stack.enter_context(session)
             sessions.append(session)
+        # engine=vllm: every arm's server launched before any is awaited, so that their starts (a minute or more of
+        # imports and compilation each on a GPU) overlap; then the in-process engines load, after the servers
+        # are up (a server's start-up check sees the GPU memory free then), and every arm warms up in turn
+        served = [s for s in sessions if s.cfg.engine.name == "vllm"]
+        for session in served:
+            stack.push(session.start(wait=False).__exit__)
+        for session in served:
+            session.wait_engine()
+        for session in sessions:
+            if session not in served:
+                stack.push(session.start().__exit__)
+        for session in sessions:
+            session.ready()
         quiet = [replace(x.conf.replay, progress=False) for x in sessions]
         per_arm: list[list[list]] = [[] for _ in arms]
         played = []  # the replays in the order they ran: block, arm, wall-clock start and end

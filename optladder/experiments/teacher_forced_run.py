@@ -96,10 +96,15 @@ def run_teacher_forced(control_cfg, candidate_cfg, control_outputs: list[str], o
         items = load_prompt_set(c.quality, c.data.root)
     if len(items) != len(control_outputs):
         return TeacherForcedScores.not_measured(f"{len(control_outputs)} control outputs for {len(items)} prompts")
-    ctrl = make_backend(c.model, c.engine)
+    # two vLLM servers: both launched, then both awaited (their starts overlap); beside an in-process engine a
+    # server is awaited at once, so that neither's memory check sees the other half-started
+    both = c.engine.name == k.engine.name == "vllm"
+    ctrl = make_backend(c.model, c.engine, wait=not both)
     try:
-        cand = make_backend(k.model, k.engine)
+        cand = make_backend(k.model, k.engine, wait=not both)
         try:
+            ctrl.wait_ready()
+            cand.wait_ready()
             max_len = min(c.engine.max_model_len, k.engine.max_model_len)
             tf = score_pair(ctrl, cand, items, control_outputs, max_len, c.replay.progress)
         finally:
