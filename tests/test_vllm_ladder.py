@@ -182,6 +182,16 @@ def test_the_vllm_ladders_rungs_are_vllms_switches_and_each_maps():
     assert rungs.index("fused_kernels") < rungs.index("cuda_graphs") < rungs.index("piecewise_graphs")
 
 
+def fake_server_configs(py: Path) -> tuple[ModelConfig, EngineConfig]:
+    """A tiny random model with vLLM's CPU head dim, and engine=vllm served by the fake interpreter `py`."""
+    model = ModelConfig(name="tiny_hd32", source="random", tokenizer="smollm2", vocab_size=49152, hidden_size=128,
+                        intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                        head_dim=32)
+    engine = EngineConfig(name="vllm", block_size=128, device="cpu", max_model_len=1024,
+                          server=ServerConfig(python=str(py), port=0, startup_timeout_s=60))
+    return model, engine
+
+
 # --- a server that fails to start ---
 def test_a_failed_start_leaves_its_log_in_the_given_directory_and_no_process(tmp_path):
     from optladder.backends import make_backend
@@ -197,11 +207,7 @@ def test_a_failed_start_leaves_its_log_in_the_given_directory_and_no_process(tmp
         sys.exit(3)
     ''')
     py = fake_vllm_python(tmp_path, server=body)
-    model = ModelConfig(name="tiny_hd32", source="random", tokenizer="smollm2", vocab_size=49152, hidden_size=128,
-                        intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                        head_dim=32)
-    engine = EngineConfig(name="vllm", block_size=128, device="cpu", max_model_len=1024,
-                          server=ServerConfig(python=str(py), port=0, startup_timeout_s=60))
+    model, engine = fake_server_configs(py)
     run_dir = tmp_path / "run"
     with pytest.raises(ServerStartError, match=r"(?s)exited with status 3.*no device found"):
         make_backend(model, engine, log_dir=run_dir)
@@ -237,11 +243,7 @@ def test_servers_launched_without_waiting_start_together(tmp_path):
         http.server.HTTPServer(("127.0.0.1", port), H).serve_forever()
     ''')
     py = fake_vllm_python(tmp_path, server=body)
-    model = ModelConfig(name="tiny_hd32", source="random", tokenizer="smollm2", vocab_size=49152, hidden_size=128,
-                        intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                        head_dim=32)
-    engine = EngineConfig(name="vllm", block_size=128, device="cpu", max_model_len=1024,
-                          server=ServerConfig(python=str(py), port=0, startup_timeout_s=60))
+    model, engine = fake_server_configs(py)
     a = make_backend(model, engine, log_dir=tmp_path / "a", wait=False)
     try:
         b = make_backend(model, engine, log_dir=tmp_path / "b", wait=False)
