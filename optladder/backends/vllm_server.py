@@ -83,7 +83,7 @@ class VLLMServer:
         self._bytes_per_token = _kv_bytes_per_token(model_cfg, launch.dtype)
         install_signal_handlers()
         log.info("starting vLLM: %s (env %s)", " ".join(self.cmd), launch.env)
-        self._t0, self._t0_mono = time.perf_counter(), time.monotonic()
+        self._launched = time.monotonic()
         self._startup_timeout_s = srv.startup_timeout_s
         self.start_s: float | None = None
         self.process = ServerProcess(self.cmd, srv.host, port, self.log_path, env={**os.environ, **launch.env},
@@ -96,8 +96,8 @@ class VLLMServer:
         if self.start_s is not None:
             return
         try:
-            self.process.wait_healthy(self._startup_timeout_s, since=self._t0_mono)  # from its launch
-            self.start_s = time.perf_counter() - self._t0
+            self.process.wait_healthy(self._startup_timeout_s, since=self._launched)  # from its launch
+            self.start_s = time.monotonic() - self._launched
             self.url = self.process.url
             self.metrics_url = self.url + "/metrics"
             self.kv_blocks = prometheus.kv_blocks(prometheus.scrape(self.metrics_url))

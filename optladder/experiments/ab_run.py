@@ -152,14 +152,21 @@ def resolved_dtype(resolved: dict) -> str:
         return written
 
 
+def latency_alpha(gate: GateConfig, looks: int) -> float | None:
+    """The latency gates' alpha under sequential stopping (ab.looks, ladder.looks): gate.alpha / looks, or None
+    for one look (the gates' own alpha)."""
+    return gate.alpha / looks if looks > 1 else None
+
+
 def sequential_stop(gate: GateConfig, looks: int, control: str, candidate: str):
-    """Sequential stopping of a switchback (ab.looks, ladder.looks): (the latency gates' alpha, gate.alpha / looks,
-    or None for one look; the stop hook run_switchback asks at each look, or None). The hook judges the blocks so
-    far of the arms named control and candidate with the verdict's own latency gates at that alpha."""
-    if looks <= 1:
+    """Sequential stopping of a switchback (ab.looks, ladder.looks): (latency_alpha; the stop hook run_switchback
+    asks at each look, or None). The hook judges the blocks so far of the arms named control and candidate with
+    the verdict's own latency gates at that alpha."""
+    alpha = latency_alpha(gate, looks)
+    if alpha is None:
         return None, None
-    lat_gate = replace(gate, alpha=gate.alpha / looks)
-    return lat_gate.alpha, lambda arms: interim_latency(arms[control], arms[candidate], lat_gate)[0]
+    lat_gate = replace(gate, alpha=alpha)
+    return alpha, lambda arms: interim_latency(arms[control], arms[candidate], lat_gate)[0]
 
 
 def gate_pair(control: Arm, candidate: Arm, gate: GateConfig,

@@ -18,7 +18,8 @@ from optladder.abtest.ladder import keeps, ladder_chart, ladder_table, rung_opts
 from optladder.abtest.verdict import ArmResult, Verdict, aa_log_ratio, pooled_run_noise, verdict_table
 from optladder.experiments.switchback import run_switchback
 from optladder.experiments.ab_run import (Arm, base_overrides, check_rung_engines, compose_arm, free_device_memory, gate_config,
-                                gate_pair, prepare_arms, prepare_switchback, run_arms, sequential_stop)
+                                gate_pair, latency_alpha, prepare_arms, prepare_switchback, run_arms,
+                                sequential_stop)
 from optladder.experiments.errors import as_user_error
 from optladder.experiments.lifecycle import raise_if_terminated
 from optladder.experiments.load_curves import write_load_curves
@@ -68,7 +69,7 @@ def run_ladder(cfg: DictConfig, run_dir: Path, overrides: list[str], choices: di
         failed: set[str] = set()  # rungs whose run again failed here: not tried twice
         # ladder.looks: each rung's latency gates at gate.alpha / looks (at every look and at the end), its quality
         # gates once at gate.alpha; the looks each switchback made, by rung
-        lat_alpha = gate.alpha / ladder.looks if ladder.looks > 1 else None  # as sequential_stop's
+        lat_alpha = latency_alpha(gate, ladder.looks)
         looks_made: dict[str, list[dict]] = {}
 
         def run_rung(name: str, opts: list[str], prev: Arm | None = None) -> Arm:
